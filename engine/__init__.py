@@ -1,0 +1,16 @@
+"""engine: a PyTorch-style tensor library with reverse-mode autograd, a numpy CPU backend and a
+CUDA backend of its own kernels (engine._C)."""
+from __future__ import annotations
+
+from .dtypes import DType, bfloat16, bool_, float16, float32, float64, int32, int64, uint8
+from .device import Device, get_default_device, set_default_device
+from .autograd import enable_grad, is_grad_enabled, no_grad
+from .random import get_rng_state, manual_seed, set_rng_state
+from .tensor import (Tensor, arange, cat, concat, empty, from_dlpack, from_numpy, full, full_like, matmul, ones,
+                     ones_like, rand, randint, randn, split, stack, tensor, where, zeros, zeros_like)
+from . import cuda  # noqa: E402  (engine.cuda.is_available() etc.; never fails without a GPU)
+from . import nn, optim  # noqa: E402
+
+bool = bool_  # engine.bool, as torch.bool
+device = Device
+__version__ = "0.1.0"

@@ -1,0 +1,141 @@
+"""Reverse-mode autograd: Function nodes and the backward pass.
+
+An op is one `Function` subclass with `forward` and `backward` side by side (see `engine/ops/`).
+`forward` receives raw backend arrays (and plain Python arguments) and returns a raw array;
+`backward` receives the output's gradient as a raw array and returns one gradient (or None) per
+Tensor argument, in order. `self.be` is the backend module of the op's device.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+_state = threading.local()
+
+
+def is_grad_enabled() -> bool:
+    return getattr(_state, "grad_enabled", True)
+
+
+class _GradMode(contextlib.ContextDecorator):
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __enter__(self):
+        self.prev = is_grad_enabled()
+        _state.grad_enabled = self.enabled
+
+    def __exit__(self, *exc):
+        _state.grad_enabled = self.prev
+        return False
+
+
+def no_grad() -> _GradMode:
+    """Context manager and decorator: ops inside record no graph (inference, optimizer updates)."""
+    return _GradMode(False)
+
+
+def enable_grad() -> _GradMode:
+    return _GradMode(True)
+
+
+class Function:
+    """One differentiable op. Subclasses define forward(*arrays, **params) and backward(grad)."""
+
+    be = None  # backend module, set per call
+    parents: tuple = ()
+    needs_input_grad: tuple = ()
+
+    def save_for_backward(self, *arrays) -> None:
+        self.saved = arrays
+
+    @classmethod
+    def apply(cls, *args, **params):
+        from .tensor import Tensor
+
+        tensors = [a for a in args if isinstance(a, Tensor)]
+        device = tensors[0].device
+        for t in tensors[1:]:
+            if t.device != device:
+                where = ", ".join(f"argument {i} on {a.device}" for i, a in enumerate(args) if isinstance(a, Tensor))
+                raise RuntimeError(
+                    f"{cls.__name__.lower()}: expected all tensors on one device, got {where}. "
+                    "Move them with .to(device) first."
+                )
+        ctx = cls()
+        ctx.be = tensors[0]._backend
+        ctx.device = device
+        raw = [a.data if isinstance(a, Tensor) else a for a in args]
+        out = ctx.forward(*raw, **params)
+        requires_grad = is_grad_enabled() and any(t.requires_grad for t in tensors)
+        result = Tensor._wrap(out, device, requires_grad)
+        if requires_grad:
+            ctx.parents = tuple(tensors)
+            ctx.needs_input_grad = tuple(t.requires_grad for t in tensors)
+            result._ctx = ctx
+        return result
+
+    def forward(self, *args, **params):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def backward(self, grad):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def _topological_order(root) -> list:
+    order, seen = [], set()
+    stack = [(root, False)]
+    while stack:  # iterative DFS: deep graphs (long generation, many layers) never hit the recursion limit
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        if node._ctx is not None:
+            for parent in node._ctx.parents:
+                if parent.requires_grad and id(parent) not in seen:
+                    stack.append((parent, False))
+    return order
+
+
+def backward(root, grad=None, retain_graph: bool = False) -> None:
+    """Accumulate d(root)/d(leaf) into `.grad` of every leaf that requires grad."""
+    from .tensor import Tensor
+
+    if not root.requires_grad:
+        raise RuntimeError("backward() on a tensor that does not require grad (no op on its path required grad)")
+    if grad is None:
+        if root.numel() != 1:
+            raise RuntimeError(f"backward() without a gradient needs a one-element tensor, got shape {root.shape}; "
+                               "pass gradient=... for a non-scalar output")
+        grad = root._backend.full(root.shape, 1.0, root.dtype, root.device.index)
+    elif isinstance(grad, Tensor):
+        grad = grad.data
+    grads = {id(root): grad}
+    with no_grad():
+        for node in reversed(_topological_order(root)):
+            g = grads.pop(id(node), None)
+            if g is None:
+                continue
+            ctx = node._ctx
+            if ctx is None:  # a leaf
+                node._accumulate_grad(g)
+                continue
+            if node._retains_grad:
+                node._accumulate_grad(g)
+            parent_grads = ctx.backward(g)
+            if not isinstance(parent_grads, tuple):
+                parent_grads = (parent_grads,)
+            for parent, needs, pg in zip(ctx.parents, ctx.needs_input_grad, parent_grads):
+                if not needs or pg is None:
+                    continue
+                if tuple(pg.shape) != parent.shape:
+                    raise RuntimeError(f"internal error: {type(ctx).__name__}.backward gave a gradient of shape "
+                                       f"{tuple(pg.shape)} for an input of shape {parent.shape}")
+                prev = grads.get(id(parent))
+                grads[id(parent)] = pg if prev is None else ctx.be.binary("add", prev, pg)
+            if not retain_graph:
+                node._ctx = None

@@ -1,0 +1,313 @@
+"""The CPU backend: the primitive op set, over numpy arrays.
+
+This module is the reference definition of the primitive op set. Every backend (this one and
+`engine.backends.cuda`) implements exactly these functions with the same signatures and meaning;
+autograd and everything above it only ever call these. Arrays are the backend's raw arrays
+(`np.ndarray` here), never Tensors. "scalar" means a Python int/float.
+
+Conventions:
+- Binary ops take two arrays of the same dtype (broadcasting like numpy), or an array and a scalar
+  on either side; the result keeps the array's dtype (comparisons give bool).
+- Functions that end in `_` update their first argument(s) in place; nothing else does.
+- Axis arguments are normalised (non-negative, sorted tuple) by the caller.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import DType, bool_, float32, from_numpy as _dtype_of_numpy
+
+Array = np.ndarray
+name = "cpu"
+
+_np = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "int64": np.int64,
+       "int32": np.int32, "uint8": np.uint8, "bool": np.bool_}
+
+
+# ---- transfer, creation, dtypes ---------------------------------------------------------------
+
+def from_numpy(a: np.ndarray, device_index=None) -> Array:
+    """A backend array holding a copy of `a` (numpy in, array out)."""
+    return np.array(a, copy=True)
+
+
+def to_numpy(x: Array) -> np.ndarray:
+    return x
+
+
+def dtype_of(x: Array) -> DType:
+    return _dtype_of_numpy(x.dtype)
+
+
+def full(shape: tuple, value, dtype: DType, device_index=None) -> Array:
+    return np.full(shape, value, dtype=_np[dtype.name])
+
+
+def arange(start, stop, step, dtype: DType, device_index=None) -> Array:
+    return np.arange(start, stop, step, dtype=_np[dtype.name])
+
+
+def astype(x: Array, dtype: DType) -> Array:
+    return x.astype(_np[dtype.name], copy=False)
+
+
+def copy_(dst: Array, src: Array) -> None:
+    """dst[...] = src (same shape)."""
+    np.copyto(dst, src)
+
+
+def contiguous(x: Array) -> Array:
+    return np.ascontiguousarray(x)
+
+
+def dropout_mask(shape: tuple, p: float, seed: int, dtype: DType, device_index=None) -> Array:
+    """Inverted-dropout multiplier: 0 with probability p, else 1/(1-p); reproducible from `seed`."""
+    keep = np.random.default_rng(seed).random(shape, dtype=np.float32) >= p
+    return keep.astype(_np[dtype.name]) * np.asarray(1.0 / (1.0 - p), dtype=_np[dtype.name])
+
+
+# ---- elementwise ------------------------------------------------------------------------------
+
+_BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
+    "maximum": np.maximum, "minimum": np.minimum,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal,
+}
+
+
+def binary(op: str, a, b) -> Array:
+    """op(a, b) elementwise with broadcasting; a or b may be a scalar (not both)."""
+    dtype = a.dtype if isinstance(a, (np.ndarray, np.generic)) else b.dtype
+    out = np.asarray(_BINARY[op](a, b))  # 0-d results stay arrays, not numpy scalars
+    if out.dtype != dtype and out.dtype != np.bool_:
+        out = out.astype(dtype)
+    return out
+
+
+def _gelu(x: Array) -> Array:
+    # tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    c = np.asarray(0.7978845608028654, dtype=x.dtype)
+    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))
+
+
+_UNARY = {
+    "neg": np.negative, "exp": np.exp, "log": np.log, "abs": np.abs, "sqrt": np.sqrt,
+    "tanh": np.tanh, "sign": np.sign,
+    "sigmoid": lambda x: 0.5 * (1.0 + np.tanh(0.5 * x)),  # overflow-free logistic
+    "relu": lambda x: np.maximum(x, 0),
+    "gelu": _gelu,
+}
+
+
+def unary(op: str, x: Array) -> Array:
+    return np.asarray(_UNARY[op](x))
+
+
+def relu_backward(x: Array, grad: Array) -> Array:
+    return grad * (x > 0)
+
+
+def gelu_backward(x: Array, grad: Array) -> Array:
+    c = np.asarray(0.7978845608028654, dtype=x.dtype)
+    x2 = x * x
+    t = np.tanh(c * (x + 0.044715 * x2 * x))
+    dinner = c * (1.0 + 3.0 * 0.044715 * x2)
+    return grad * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)
+
+
+def where(cond: Array, a, b) -> Array:
+    """cond ? a : b with broadcasting; a or b may be a scalar."""
+    dtype = a.dtype if isinstance(a, (np.ndarray, np.generic)) else b.dtype
+    return np.asarray(np.where(cond, a, b)).astype(dtype, copy=False)
+
+
+# ---- reductions -------------------------------------------------------------------------------
+
+def sum(x: Array, axes: tuple, keepdim: bool) -> Array:
+    return np.asarray(np.sum(x, axis=axes, keepdims=keepdim, dtype=x.dtype))
+
+
+def max(x: Array, axes: tuple, keepdim: bool) -> Array:
+    return np.asarray(np.max(x, axis=axes, keepdims=keepdim))
+
+
+def argmax(x: Array, axis: int) -> Array:
+    return np.argmax(x, axis=axis).astype(np.int64)
+
+
+# ---- movement ---------------------------------------------------------------------------------
+
+def reshape(x: Array, shape: tuple) -> Array:
+    return x.reshape(shape)
+
+
+def permute(x: Array, dims: tuple) -> Array:
+    return x.transpose(dims)
+
+
+def broadcast_to(x: Array, shape: tuple) -> Array:
+    return np.broadcast_to(x, shape)
+
+
+def getitem(x: Array, index: tuple) -> Array:
+    """Basic indexing: a tuple of ints, slices, None and Ellipsis."""
+    return x[index]
+
+
+def getitem_backward(grad: Array, index: tuple, shape: tuple) -> Array:
+    """The gradient of x[index] w.r.t. x: zeros of `shape` with `grad` written at `index`."""
+    out = np.zeros(shape, dtype=grad.dtype)
+    out[index] = grad
+    return out
+
+
+def concat(xs: list, axis: int) -> Array:
+    return np.concatenate(xs, axis=axis)
+
+
+# ---- matmul -----------------------------------------------------------------------------------
+
+def matmul(a: Array, b: Array, transpose_a: bool = False, transpose_b: bool = False) -> Array:
+    """(..., M, K) @ (..., K, N) -> (..., M, N), batch dims broadcast; the flags transpose the last two dims."""
+    if transpose_a:
+        a = np.swapaxes(a, -1, -2)
+    if transpose_b:
+        b = np.swapaxes(b, -1, -2)
+    return np.matmul(a, b)
+
+
+# ---- normalisation, softmax, losses -----------------------------------------------------------
+
+def layer_norm(x: Array, weight, bias, eps: float):
+    """x (..., C) -> out (..., C), mean (...,), rstd (...,); weight, bias (C,) or None."""
+    mean = x.mean(axis=-1, keepdims=True)
+    xc = x - mean
+    var = np.mean(xc * xc, axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + np.asarray(eps, dtype=x.dtype))
+    out = xc * rstd
+    if weight is not None:
+        out *= weight
+    if bias is not None:
+        out += bias
+    return out, mean[..., 0], rstd[..., 0]
+
+
+def layer_norm_backward(grad: Array, x: Array, weight, mean: Array, rstd: Array, need_weight_grads: bool = True):
+    """grad (..., C) -> dx (..., C), dweight (C,) or None, dbias (C,) or None."""
+    C = x.shape[-1]
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    gw = grad * weight if weight is not None else grad
+    # dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
+    dx = (gw - gw.mean(axis=-1, keepdims=True) - xhat * (gw * xhat).mean(axis=-1, keepdims=True)) * rstd[..., None]
+    dweight = dbias = None
+    if need_weight_grads:
+        flat_g = grad.reshape(-1, C)
+        dweight = (flat_g * xhat.reshape(-1, C)).sum(axis=0) if weight is not None else None
+        dbias = flat_g.sum(axis=0)
+    return dx, dweight, dbias
+
+
+def softmax(x: Array) -> Array:
+    """Softmax over the last axis."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_backward(out: Array, grad: Array) -> Array:
+    return out * (grad - (grad * out).sum(axis=-1, keepdims=True))
+
+
+def log_softmax(x: Array) -> Array:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def log_softmax_backward(out: Array, grad: Array) -> Array:
+    return grad - np.exp(out) * grad.sum(axis=-1, keepdims=True)
+
+
+def cross_entropy(logits: Array, targets: Array, ignore_index: int):
+    """logits (N, V), targets (N,) int64 -> losses (N,) (0 where ignored), lse (N,) logsumexp per row."""
+    m = logits.max(axis=-1)
+    lse = m + np.log(np.exp(logits - m[:, None]).sum(axis=-1))
+    valid = targets != ignore_index
+    safe = np.where(valid, targets, 0)
+    picked = np.take_along_axis(logits, safe[:, None], axis=1)[:, 0]
+    losses = np.where(valid, lse - picked, 0).astype(logits.dtype)
+    return losses, lse
+
+
+def cross_entropy_backward(logits: Array, targets: Array, lse: Array, grad: Array, ignore_index: int) -> Array:
+    """grad (N,) of each row's loss -> dlogits (N, V) = (softmax - onehot) * grad (0 where ignored)."""
+    valid = targets != ignore_index
+    g = np.where(valid, grad, 0).astype(logits.dtype)
+    dlogits = np.exp(logits - lse[:, None])
+    dlogits[np.arange(len(targets)), np.where(valid, targets, 0)] -= 1.0
+    dlogits *= g[:, None]
+    return dlogits
+
+
+def embedding(weight: Array, idx: Array) -> Array:
+    """weight (V, C), idx (...) int64 -> (..., C)."""
+    return weight[idx]
+
+
+def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array:
+    """grad (..., C) -> dweight (V, C), rows scatter-added (a token seen twice gets both gradients)."""
+    C = grad.shape[-1]
+    out = np.zeros((num_embeddings, C), dtype=grad.dtype)
+    np.add.at(out, idx.reshape(-1), grad.reshape(-1, C))
+    return out
+
+
+# ---- optimizers (in place, over lists of arrays) ------------------------------------------------
+
+def adamw_(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, *, lr: float, beta1: float,
+           beta2: float, eps: float, weight_decay: float, step: int) -> None:
+    """One AdamW step over all parameters (decoupled weight decay, bias-corrected moments)."""
+    bc1 = 1.0 - beta1 ** step
+    bc2 = 1.0 - beta2 ** step
+    step_size = lr / bc1
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        if weight_decay:
+            p *= 1.0 - lr * weight_decay
+        m *= beta1
+        m += (1.0 - beta1) * g
+        v *= beta2
+        v += (1.0 - beta2) * (g * g)
+        denom = np.sqrt(v / bc2)
+        denom += eps
+        p -= step_size * (m / denom)
+
+
+def sgd_(params: list, grads: list, momentum_buffers: list, *, lr: float, momentum: float,
+         dampening: float, nesterov: bool, weight_decay: float, first_step: bool) -> None:
+    """One SGD step (PyTorch semantics: the buffer starts as the first gradient)."""
+    for i, (p, g) in enumerate(zip(params, grads)):
+        if weight_decay:
+            g = g + weight_decay * p
+        if momentum:
+            buf = momentum_buffers[i]
+            if first_step:
+                np.copyto(buf, g)
+            else:
+                buf *= momentum
+                buf += (1.0 - dampening) * g
+            g = g + momentum * buf if nesterov else buf
+        p -= lr * g
+
+
+def sum_of_squares(xs: list) -> Array:
+    """sum over all arrays of sum(x^2), as a 0-d float32 array (stays on the device)."""
+    total = np.zeros((), dtype=np.float32)
+    for x in xs:
+        flat = x.reshape(-1).astype(np.float32, copy=False)
+        total += np.dot(flat, flat)
+    return total
+
+
+def scale_(xs: list, factor: Array) -> None:
+    """x *= factor for every array, factor a 0-d array on the same device."""
+    for x in xs:
+        x *= factor.astype(x.dtype)

@@ -1,0 +1,167 @@
+"""engine.nn.functional (import as F): the functional forms of the layers, as in PyTorch."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import dtypes
+from ..ops import elementwise as E
+from ..ops import nn as N
+from ..ops.matmul import Linear as _Linear
+from ..random import next_seed
+from ..tensor import Tensor, tensor, where
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (..., in) @ weight (out, in)^T + bias (out,) -> (..., out)."""
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear: input has {x.shape[-1]} features (shape {x.shape}), "
+                         f"but the weight expects {weight.shape[-1]} (weight shape {weight.shape})")
+    if bias is None:
+        return _Linear.apply(x, weight)
+    return _Linear.apply(x, weight, bias)
+
+
+def relu(x: Tensor) -> Tensor:
+    return E.Relu.apply(x)
+
+
+def gelu(x: Tensor, approximate: str = "tanh") -> Tensor:
+    """GELU, tanh approximation (GPT-2's); approximate='none' is not offered."""
+    if approximate != "tanh":
+        raise ValueError("gelu: only approximate='tanh' is implemented")
+    return E.Gelu.apply(x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return E.Sigmoid.apply(x)
+
+
+def tanh(x: Tensor) -> Tensor:
+    return E.Tanh.apply(x)
+
+
+def _along_last(fn, x: Tensor, dim: int) -> Tensor:
+    """Apply a last-axis op along `dim` by moving `dim` last and back."""
+    dim = dim % x.ndim
+    if dim == x.ndim - 1:
+        return fn.apply(x)
+    return fn.apply(x.transpose(dim, -1)).transpose(dim, -1)
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    return _along_last(N.Softmax, x, dim)
+
+
+def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
+    return _along_last(N.LogSoftmax, x, dim)
+
+
+def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalise over the last dim (fused forward and backward). x (..., C) -> (..., C)."""
+    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if len(normalized_shape) != 1 or x.shape[-1] != normalized_shape[0]:
+        raise ValueError(f"layer_norm: normalises over the last dim only; got normalized_shape {normalized_shape} "
+                         f"for input shape {x.shape}")
+    args = [x] + [t for t in (weight, bias) if t is not None]
+    if weight is None and bias is not None:
+        raise ValueError("layer_norm: a bias without a weight is not supported")
+    return N.LayerNorm.apply(*args, eps=eps) if len(args) > 1 else N.LayerNorm.apply(x, None, None, eps=eps)
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """Softmax cross-entropy, fused. logits (N, V) or (..., V); targets (N,) or (...) int64.
+
+    Rows whose target is `ignore_index` contribute nothing; 'mean' divides by the rows kept."""
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"cross_entropy: logits {logits.shape} need targets of shape {logits.shape[:-1]}, "
+                         f"got {targets.shape}")
+    if targets.dtype != dtypes.int64:
+        raise TypeError(f"cross_entropy: targets must be int64 class indices, got {targets.dtype}")
+    V = logits.shape[-1]
+    if logits.device.type == "cpu":
+        t = targets.numpy()
+        bad = (t != ignore_index) & ((t < 0) | (t >= V))
+        if bad.any():
+            raise IndexError(f"cross_entropy: target {int(t[bad][0])} is out of range for {V} classes")
+    losses = N.CrossEntropy.apply(logits.reshape(-1, V), targets.reshape(-1), ignore_index=ignore_index)
+    if reduction == "none":
+        return losses.reshape(targets.shape)
+    if reduction == "sum":
+        return losses.sum()
+    if reduction != "mean":
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    kept = (targets.reshape(-1) != ignore_index).type(logits.dtype).sum()  # stays on the device: no host sync
+    return losses.sum() / kept
+
+
+def embedding(idx: Tensor, weight: Tensor) -> Tensor:
+    """idx (...) int64 into weight (V, C) -> (..., C)."""
+    if idx.dtype != dtypes.int64:
+        raise TypeError(f"embedding: indices must be int64, got {idx.dtype}")
+    if idx.device.type == "cpu" and idx.numel():
+        i = idx.numpy()
+        lo, hi = int(i.min()), int(i.max())
+        if lo < 0 or hi >= weight.shape[0]:
+            raise IndexError(f"embedding: index {hi if hi >= weight.shape[0] else lo} is out of range for "
+                             f"{weight.shape[0]} embeddings (valid: 0..{weight.shape[0] - 1})")
+    return N.Embedding.apply(weight, idx)
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
+    """Inverted dropout from the engine's seeded generator (engine.manual_seed)."""
+    if not 0.0 <= p < 1.0:
+        if p == 1.0 and training:
+            return x * 0.0
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout: p must be in [0, 1], got {p}")
+    if not training or p == 0.0:
+        return x
+    return N.Dropout.apply(x, p=p, seed=next_seed())
+
+
+_mask_cache: dict = {}
+
+
+def causal_mask(T: int, S: int | None = None, device="cpu") -> Tensor:
+    """Bool (T, S) mask, True where query i may NOT attend to key j (j > i + S - T).
+
+    Aligned bottom-right, so T new queries after S - T cached keys see all of the cache."""
+    S = T if S is None else S
+    key = (T, S, str(device))
+    mask = _mask_cache.get(key)
+    if mask is None:
+        i = np.arange(T)[:, None]
+        j = np.arange(S)[None, :]
+        mask = tensor(j > i + (S - T), dtype=dtypes.bool_, device=device)
+        if len(_mask_cache) > 64:
+            _mask_cache.clear()
+        _mask_cache[key] = mask
+    return mask
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: float | None = None) -> Tensor:
+    """softmax(q k^T * scale + mask) v.  q (..., T, D), k (..., S, D), v (..., S, Dv) -> (..., T, Dv).
+
+    attn_mask: bool (True = may attend, as in PyTorch) or additive float, broadcast to (..., T, S)."""
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} do not fit "
+                         "(need q (..., T, D), k (..., S, D), v (..., S, Dv))")
+    T, S = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
+    if is_causal:
+        scores = where(causal_mask(T, S, q.device), float("-inf"), scores)
+    if attn_mask is not None:
+        if attn_mask.dtype == dtypes.bool_:
+            scores = where(attn_mask, scores, float("-inf"))
+        else:
+            scores = scores + attn_mask
+    att = softmax(scores, -1)
+    if dropout_p > 0.0:
+        att = dropout(att, dropout_p, True)
+    return att @ v

@@ -1,0 +1,158 @@
+"""Attention and transformer building blocks: MultiHeadAttention, a pre-LN TransformerBlock,
+TransformerEncoder, positional encodings and TransformerLM."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..tensor import Tensor, arange, cat, tensor
+from . import functional as F
+from .layers import Dropout, Embedding, LayerNorm, Linear
+from .module import Module, ModuleList
+
+causal_mask = F.causal_mask
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far by one attention layer: k, v (B, H, S, D)."""
+
+    def __init__(self):
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.k = k if self.k is None else cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+
+class MultiHeadAttention(Module):
+    """Self-attention with one fused q/k/v projection.  x (B, T, C) -> (B, T, C).
+
+    Dropout on the attention weights and on the output (GPT-2's attn and residual dropout)."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True, causal: bool = True):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"MultiHeadAttention: n_embd {n_embd} must be divisible by n_head {n_head}")
+        self.n_embd, self.n_head, self.causal = n_embd, n_head, causal
+        self.c_attn = Linear(n_embd, 3 * n_embd, bias=bias)
+        self.c_proj = Linear(n_embd, n_embd, bias=bias)
+        self.attn_dropout = dropout
+        self.resid_dropout = Dropout(dropout)
+
+    def forward(self, x: Tensor, cache: KVCache | None = None, attn_mask: Tensor | None = None) -> Tensor:
+        B, T, C = x.shape
+        H, D = self.n_head, C // self.n_head
+        qkv = self.c_attn(x).reshape(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, H, S, D) with S = cached + T
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=self.causal,
+                                           dropout_p=self.attn_dropout if self.training else 0.0)
+        y = y.permute(0, 2, 1, 3).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(Module):
+    """(B, T, C) -> (B, T, 4C) -> GELU -> (B, T, C), dropout on the output."""
+
+    def __init__(self, n_embd: int, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.c_fc = Linear(n_embd, 4 * n_embd, bias=bias)
+        self.c_proj = Linear(4 * n_embd, n_embd, bias=bias)
+        self.dropout = Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class TransformerBlock(Module):
+    """Pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(x)).  (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True, causal: bool = True):
+        super().__init__()
+        self.ln_1 = LayerNorm(n_embd, bias=bias)
+        self.attn = MultiHeadAttention(n_embd, n_head, dropout, bias, causal)
+        self.ln_2 = LayerNorm(n_embd, bias=bias)
+        self.mlp = MLP(n_embd, dropout, bias)
+
+    def forward(self, x: Tensor, cache: KVCache | None = None, attn_mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), cache, attn_mask)
+        return x + self.mlp(self.ln_2(x))
+
+
+class TransformerEncoder(Module):
+    """A stack of TransformerBlocks with an optional final LayerNorm."""
+
+    def __init__(self, n_layer: int, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
+                 causal: bool = True, final_norm: bool = True):
+        super().__init__()
+        self.h = ModuleList(TransformerBlock(n_embd, n_head, dropout, bias, causal) for _ in range(n_layer))
+        self.ln_f = LayerNorm(n_embd, bias=bias) if final_norm else None
+
+    def forward(self, x: Tensor, caches: list | None = None, attn_mask: Tensor | None = None) -> Tensor:
+        for i, block in enumerate(self.h):
+            x = block(x, None if caches is None else caches[i], attn_mask)
+        return self.ln_f(x) if self.ln_f is not None else x
+
+
+def sinusoidal_table(n_positions: int, dim: int) -> np.ndarray:
+    """(n_positions, dim): sin on even, cos on odd features, wavelengths up to 10000 * 2 pi."""
+    pos = np.arange(n_positions)[:, None]
+    freq = np.exp(-math.log(10000.0) * np.arange(0, dim, 2) / dim)
+    table = np.zeros((n_positions, dim), dtype=np.float32)
+    table[:, 0::2] = np.sin(pos * freq)
+    table[:, 1::2] = np.cos(pos * freq)[:, : dim // 2]
+    return table
+
+
+class SinusoidalPositionalEncoding(Module):
+    """Fixed (not trained) position signal.  positions (T,) -> (T, C)."""
+
+    def __init__(self, max_len: int, n_embd: int):
+        super().__init__()
+        self.max_len = max_len
+        self.register_buffer("table", tensor(sinusoidal_table(max_len, n_embd)))
+
+    def forward(self, positions: Tensor) -> Tensor:
+        return F.embedding(positions, self.table)
+
+
+class LearnedPositionalEmbedding(Embedding):
+    """A trained table of position vectors.  positions (T,) -> (T, C)."""
+
+
+class TransformerLM(Module):
+    """Token embedding + positional encoding + causal encoder + linear head (untied).
+
+    idx (B, T) -> logits (B, T, vocab_size); with targets, also the mean cross-entropy."""
+
+    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, n_embd: int,
+                 dropout: float = 0.0, positional: str = "learned"):
+        super().__init__()
+        self.block_size = block_size
+        self.tok_emb = Embedding(vocab_size, n_embd)
+        if positional == "learned":
+            self.pos = LearnedPositionalEmbedding(block_size, n_embd)
+        elif positional == "sinusoidal":
+            self.pos = SinusoidalPositionalEncoding(block_size, n_embd)
+        else:
+            raise ValueError(f"positional must be 'learned' or 'sinusoidal', got {positional!r}")
+        self.drop = Dropout(dropout)
+        self.encoder = TransformerEncoder(n_layer, n_embd, n_head, dropout, causal=True)
+        self.head = Linear(n_embd, vocab_size)
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None):
+        B, T = idx.shape
+        if T > self.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.block_size}")
+        x = self.drop(self.tok_emb(idx) + self.pos(arange(T, device=idx.device)))
+        logits = self.head(self.encoder(x))
+        loss = None if targets is None else F.cross_entropy(logits, targets)
+        return logits, loss

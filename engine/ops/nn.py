@@ -1,0 +1,82 @@
+"""Neural-network ops with fused forward and backward: layer norm, softmax, cross-entropy,
+embedding, dropout."""
+from __future__ import annotations
+
+from ..autograd import Function
+
+
+class LayerNorm(Function):
+    """x (..., C), weight (C,), bias (C,) -> (..., C), normalised over the last axis."""
+
+    def forward(self, x, weight=None, bias=None, eps: float = 1e-5):
+        self.x, self.weight = x, weight
+        self.has_weight, self.has_bias = weight is not None, bias is not None
+        out, self.mean, self.rstd = self.be.layer_norm(x, weight, bias, eps)
+        return out
+
+    def backward(self, g):
+        need_w = any(self.needs_input_grad[1:])
+        dx, dw, db = self.be.layer_norm_backward(g, self.x, self.weight, self.mean, self.rstd, need_w)
+        grads = [dx]
+        if self.has_weight:
+            grads.append(dw)
+        if self.has_bias:
+            grads.append(db)
+        return tuple(grads)
+
+
+class Softmax(Function):
+    """Softmax over the last axis (other axes are moved there by the caller)."""
+
+    def forward(self, x):
+        self.out = self.be.softmax(x)
+        return self.out
+
+    def backward(self, g):
+        return self.be.softmax_backward(self.out, g)
+
+
+class LogSoftmax(Function):
+    def forward(self, x):
+        self.out = self.be.log_softmax(x)
+        return self.out
+
+    def backward(self, g):
+        return self.be.log_softmax_backward(self.out, g)
+
+
+class CrossEntropy(Function):
+    """logits (N, V), targets (N,) -> per-row losses (N,), 0 where target == ignore_index.
+
+    Fused: forward keeps only the row's logsumexp, backward rebuilds softmax - onehot from it."""
+
+    def forward(self, logits, targets, ignore_index: int = -100):
+        self.logits, self.targets, self.ignore_index = logits, targets, ignore_index
+        losses, self.lse = self.be.cross_entropy(logits, targets, ignore_index)
+        return losses
+
+    def backward(self, g):
+        return self.be.cross_entropy_backward(self.logits, self.targets, self.lse, g, self.ignore_index), None
+
+
+class Embedding(Function):
+    """weight (V, C), idx (...) -> (..., C); backward scatter-adds rows into dweight."""
+
+    def forward(self, weight, idx):
+        self.idx, self.num = idx, weight.shape[0]
+        return self.be.embedding(weight, idx)
+
+    def backward(self, g):
+        return self.be.embedding_backward(g, self.idx, self.num), None
+
+
+class Dropout(Function):
+    """Inverted dropout: zero with probability p, scale the rest by 1/(1-p)."""
+
+    def forward(self, x, p: float, seed: int):
+        be = self.be
+        self.mask = be.dropout_mask(tuple(x.shape), p, seed, be.dtype_of(x), self.device.index)
+        return be.binary("mul", x, self.mask)
+
+    def backward(self, g):
+        return self.be.binary("mul", g, self.mask)
