@@ -180,6 +180,11 @@ class Tensor:
     def _binary(self, fn, other, reverse: bool = False):
         if isinstance(other, Tensor):
             a, b = _promote(self, other, fn)
+            try:
+                np.broadcast_shapes(a.shape, b.shape)
+            except ValueError:
+                raise ValueError(f"{fn.__name__.lower()}: shapes {a.shape} and {b.shape} do not broadcast "
+                                 "(trailing dims must be equal or 1)") from None
         elif isinstance(other, _SCALARS):
             a = self
             b = other.item() if isinstance(other, np.generic) else other

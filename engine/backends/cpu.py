@@ -57,7 +57,8 @@ def copy_(dst: Array, src: Array) -> None:
 
 
 def contiguous(x: Array) -> Array:
-    return np.ascontiguousarray(x)
+    """x itself if C-contiguous and writeable, else a C-contiguous copy (0-d stays 0-d)."""
+    return x if x.flags.c_contiguous and x.flags.writeable else np.array(x, order="C")
 
 
 def dropout_mask(shape: tuple, p: float, seed: int, dtype: DType, device_index=None) -> Array:

@@ -1,0 +1,294 @@
+"""DiLoCo's algebra: pseudo-gradients, their aggregation, and the outer optimizer.
+
+One round, whatever the transport (simulation, HTTP coordinator, gossip):
+
+    delta_i = pseudo_gradient(global_weights, local_weights_i)     # on each worker, after K inner steps
+    aggregator.add(delta_i, weight=tokens_i)                       # as each update arrives
+    outer.step(global_weights, aggregator.result())                # moves the global weights in place
+
+Weights are dicts of float32 numpy arrays keyed by parameter name (a model's state_dict as numpy).
+Nothing here knows about HTTP, codecs or the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+Weights = Mapping[str, np.ndarray]
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+def _check_same_tensors(expected: Shapes, got: Weights, what: str) -> None:
+    """Raise ValueError unless `got` has exactly the names and shapes of `expected`."""
+    if set(got) != set(expected):
+        missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+        raise ValueError(f"{what}: tensor names differ from the model's: missing {missing[:8]}, unexpected {extra[:8]}")
+    for name, shape in expected.items():
+        if tuple(np.shape(got[name])) != tuple(shape):
+            raise ValueError(f"{what}: tensor {name!r} has shape {tuple(np.shape(got[name]))}, expected {tuple(shape)}")
+
+
+def shapes_of(weights: Weights) -> dict[str, tuple[int, ...]]:
+    """Name -> shape, e.g. of the global weights (what every update must match)."""
+    return {name: tuple(array.shape) for name, array in weights.items()}
+
+
+def pseudo_gradient(global_weights: Weights, local_weights: Weights) -> dict[str, np.ndarray]:
+    """global - local, per tensor, in float32: the direction the replica's K inner steps moved,
+    with the sign of a gradient (so the outer optimizer descends along it)."""
+    _check_same_tensors(shapes_of(global_weights), local_weights, "local weights")
+    return {
+        # asarray around: numpy turns 0-d results into scalars
+        name: np.asarray(np.asarray(theta, dtype=np.float32) - np.asarray(local_weights[name], dtype=np.float32))
+        for name, theta in global_weights.items()
+    }
+
+
+def global_norm(update: Weights) -> float:
+    """L2 norm over all tensors together (accumulated in float64)."""
+    total = 0.0
+    for array in update.values():
+        flat = np.asarray(array, dtype=np.float64).reshape(-1)  # float64: no overflow for any float32
+        total += float(np.dot(flat, flat))
+    return math.sqrt(total)
+
+
+def clip_by_global_norm(update: Weights, max_norm: float) -> tuple[dict[str, np.ndarray], float]:
+    """Scale the whole update down so that its global L2 norm is at most `max_norm`.
+    Returns (clipped update, norm before clipping); an update within bounds is returned as is."""
+    norm = global_norm(update)
+    if norm <= max_norm:
+        return dict(update), norm
+    factor = np.float32(max_norm / norm)
+    return {name: np.asarray(array * factor, dtype=np.float32) for name, array in update.items()}, norm
+
+
+# ----------------------------------------------------------------------------------------------
+# Aggregation.
+
+
+class Aggregator:
+    """Weighted mean of pseudo-gradients, accumulated as they arrive.
+
+    Each contribution is weighted by the tokens its replica processed (`add(update, weight=tokens)`),
+    so a replica that trained on more data counts more. Robust options:
+
+    - `max_norm`: each contribution's global L2 norm is clipped to `max_norm` before it counts
+      (one wild or malicious update can move the mean by at most max_norm * its weight share).
+    - `trim_fraction` (in [0, 0.5)): coordinate-wise trimmed mean. For each coordinate, the
+      floor(trim_fraction * N) largest and as many smallest values among the N contributions are
+      dropped and the rest averaged with their weights. Sorting per coordinate needs all
+      contributions at once, so **this mode keeps every contribution: memory O(N x model)**,
+      plus one (N, tensor size) stack per tensor while `result()` runs. With fewer than
+      1 / trim_fraction contributions nothing is trimmed.
+
+    Without trimming, memory is O(model): one float32 (or `dtype`) running sum per tensor, so the
+    HTTP coordinator can aggregate any number of workers. `add` validates the whole update
+    before touching any state: a refused update leaves the aggregator as it was.
+    """
+
+    def __init__(self, shapes: Shapes, *, max_norm: float | None = None, trim_fraction: float = 0.0, dtype: Any = np.float32):
+        if max_norm is not None and not (math.isfinite(max_norm) and max_norm > 0):
+            raise ValueError(f"max_norm must be a positive finite number or None, got {max_norm!r}")
+        if not 0.0 <= trim_fraction < 0.5:
+            raise ValueError(f"trim_fraction must be in [0, 0.5), got {trim_fraction!r}")
+        self.shapes = {name: tuple(shape) for name, shape in shapes.items()}
+        self.max_norm = max_norm
+        self.trim_fraction = float(trim_fraction)
+        self.dtype = np.dtype(dtype)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget all contributions (start of a new round)."""
+        self.count = 0
+        self.total_weight = 0.0
+        self.norms: list[float] = []  # each contribution's norm before clipping, for logging
+        self._sum: dict[str, np.ndarray] | None = None  # name -> sum of weight * update (streaming mode)
+        self._kept: list[tuple[dict[str, np.ndarray], float]] = []  # (update, weight) (trimmed mode)
+
+    def add(self, update: Weights, weight: float = 1.0) -> float:
+        """Count one contribution with the given weight (tokens processed). Returns its global
+        L2 norm before clipping. Raises ValueError (state unchanged) on wrong names or shapes,
+        non-finite values, or a weight that is not a positive finite number."""
+        if not (isinstance(weight, (int, float, np.integer, np.floating)) and math.isfinite(weight) and weight > 0):
+            raise ValueError(f"weight must be a positive finite number (tokens processed), got {weight!r}")
+        _check_same_tensors(self.shapes, update, "update")
+        norm = global_norm(update)  # also the finiteness check: any NaN/inf makes the norm non-finite
+        if not math.isfinite(norm):
+            raise ValueError("update has NaN/inf values (or overflows float64 norm); the replica diverged, refusing it")
+        if self.max_norm is not None and norm > self.max_norm:
+            factor = self.max_norm / norm
+            update = {name: np.asarray(np.asarray(a, dtype=np.float32) * np.float32(factor)) for name, a in update.items()}
+
+        if self.trim_fraction > 0:
+            self._kept.append(({name: np.array(a, dtype=np.float32) for name, a in update.items()}, float(weight)))
+        else:
+            if self._sum is None:
+                self._sum = {name: np.zeros(shape, dtype=self.dtype) for name, shape in self.shapes.items()}
+            for name, total in self._sum.items():
+                total += np.asarray(update[name], dtype=self.dtype) * self.dtype.type(weight)
+        self.count += 1
+        self.total_weight += float(weight)
+        self.norms.append(norm)
+        return norm
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The aggregated pseudo-gradient (float32 arrays). Raises ValueError if nothing was added."""
+        if self.count == 0:
+            raise ValueError("no contributions were added this round; nothing to aggregate (skip the outer step)")
+        if self.trim_fraction > 0:
+            return self._trimmed_mean()
+        assert self._sum is not None
+        return {name: np.asarray(total / self.total_weight, dtype=np.float32) for name, total in self._sum.items()}
+
+    def _trimmed_mean(self) -> dict[str, np.ndarray]:
+        n = len(self._kept)
+        cut = int(math.floor(self.trim_fraction * n))
+        weights = np.array([w for _, w in self._kept], dtype=np.float64)  # (N,)
+        out: dict[str, np.ndarray] = {}
+        for name, shape in self.shapes.items():
+            stack = np.stack([u[name].reshape(-1) for u, _ in self._kept])  # (N, size)
+            order = np.argsort(stack, axis=0, kind="stable")[cut : n - cut]  # (N - 2cut, size)
+            kept_values = np.take_along_axis(stack, order, axis=0).astype(np.float64)
+            kept_weights = weights[order]  # (N - 2cut, size): each survivor's weight
+            mean = (kept_values * kept_weights).sum(axis=0) / kept_weights.sum(axis=0)
+            out[name] = mean.astype(np.float32).reshape(shape)
+        return out
+
+
+def aggregate(
+    updates: Iterable[Weights],
+    weights: Iterable[float] | None = None,
+    *,
+    max_norm: float | None = None,
+    trim_fraction: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """Aggregate a list of updates at once (the simulation's convenience over `Aggregator`)."""
+    updates = list(updates)
+    if not updates:
+        raise ValueError("aggregate() needs at least one update")
+    weights = [1.0] * len(updates) if weights is None else list(weights)
+    if len(weights) != len(updates):
+        raise ValueError(f"got {len(updates)} updates but {len(weights)} weights")
+    aggregator = Aggregator(shapes_of(updates[0]), max_norm=max_norm, trim_fraction=trim_fraction)
+    for update, weight in zip(updates, weights):
+        aggregator.add(update, weight)
+    return aggregator.result()
+
+
+# ----------------------------------------------------------------------------------------------
+# Outer optimizer.
+
+
+class OuterOptimizer(Protocol):
+    """What the round loop needs from an outer optimizer."""
+
+    def step(self, global_weights: dict[str, np.ndarray], pseudo_grad: Weights) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class NesterovSGD:
+    """SGD with (Nesterov) momentum on the global weights, applied in place.
+
+    Same update as torch.optim.SGD (dampening 0, no weight decay), with g the aggregated
+    pseudo-gradient and b the momentum buffer (b = g on the first step):
+
+        b <- momentum * b + g
+        d  = g + momentum * b   if nesterov else   b
+        w <- w - lr_t * d
+
+    Defaults are DiLoCo's (lr 0.7, momentum 0.9, Nesterov). lr 1 and momentum 0 is plain
+    averaging: the new global weights are the mean of the replicas' weights (see `plain_averaging`).
+    Optional linear warm-up: lr_t = lr * min(1, (t + 1) / warmup_steps) at outer step t = 0, 1, ...
+    """
+
+    def __init__(self, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True, warmup_steps: int = 0):
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"outer lr must be positive, got {lr!r}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"outer momentum must be in [0, 1), got {momentum!r}")
+        if nesterov and momentum == 0:
+            raise ValueError("Nesterov needs momentum > 0; use nesterov=False for momentum 0")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps!r}")
+        self.lr = float(lr)
+        self.momentum = float(momentum)
+        self.nesterov = bool(nesterov)
+        self.warmup_steps = int(warmup_steps)
+        self.step_count = 0  # outer steps taken
+        self.momentum_buffer: dict[str, np.ndarray] = {}
+
+    def current_lr(self) -> float:
+        """The lr the next step will use (after warm-up)."""
+        if self.warmup_steps == 0:
+            return self.lr
+        return self.lr * min(1.0, (self.step_count + 1) / self.warmup_steps)
+
+    def step(self, global_weights: dict[str, np.ndarray], pseudo_grad: Weights) -> None:
+        """Move `global_weights` (float32 arrays, modified in place) along the aggregated pseudo-gradient."""
+        _check_same_tensors(shapes_of(global_weights), pseudo_grad, "pseudo-gradient")
+        for name, weight in global_weights.items():
+            if not (isinstance(weight, np.ndarray) and weight.dtype == np.float32 and weight.flags.writeable):
+                got = getattr(weight, "dtype", type(weight).__name__)
+                raise TypeError(f"global weight {name!r} must be a writable float32 numpy array (updated in place), got {got}")
+            buffer = self.momentum_buffer.get(name)
+            if buffer is not None and buffer.shape != weight.shape:
+                raise ValueError(
+                    f"momentum buffer {name!r} has shape {buffer.shape}, the weight {weight.shape}; state from another model?"
+                )
+            if not np.isfinite(pseudo_grad[name]).all():  # never let NaN/inf reach the global weights
+                raise ValueError(f"pseudo-gradient {name!r} has NaN/inf values; refusing the outer step")
+        lr = np.float32(self.current_lr())
+        momentum = np.float32(self.momentum)
+        for name, weight in global_weights.items():
+            grad = np.asarray(pseudo_grad[name], dtype=np.float32)
+            if self.momentum == 0:
+                direction = grad
+            else:
+                buffer = self.momentum_buffer.get(name)
+                if buffer is None:
+                    buffer = self.momentum_buffer[name] = grad.copy()
+                else:
+                    buffer *= momentum
+                    buffer += grad
+                direction = grad + momentum * buffer if self.nesterov else buffer
+            weight -= lr * direction
+        self.step_count += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """Scalars (JSON-able) plus "momentum_buffer": name -> float32 array (copies).
+        Persist with e.g. `coop.wire.pack(state.pop("momentum_buffer"), state)`; no pickle."""
+        return {
+            "lr": self.lr,
+            "momentum": self.momentum,
+            "nesterov": self.nesterov,
+            "warmup_steps": self.warmup_steps,
+            "step_count": self.step_count,
+            "momentum_buffer": {name: buffer.copy() for name, buffer in self.momentum_buffer.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what `state_dict` returned (hyper-parameters included, like torch)."""
+        required = {"lr", "momentum", "nesterov", "warmup_steps", "step_count", "momentum_buffer"}
+        if set(state) != required:
+            raise ValueError(f"outer optimizer state must have keys {sorted(required)}, got {sorted(state)}")
+        buffers = state["momentum_buffer"]
+        for name, buffer in buffers.items():
+            if not (isinstance(buffer, np.ndarray) and buffer.dtype == np.float32 and np.isfinite(buffer).all()):
+                got = getattr(buffer, "dtype", type(buffer).__name__)
+                raise ValueError(f"momentum buffer {name!r} must be a finite float32 array, got {got}")
+        restored = NesterovSGD(float(state["lr"]), float(state["momentum"]), bool(state["nesterov"]), int(state["warmup_steps"]))
+        self.lr, self.momentum = restored.lr, restored.momentum
+        self.nesterov, self.warmup_steps = restored.nesterov, restored.warmup_steps
+        self.step_count = int(state["step_count"])
+        self.momentum_buffer = {name: buffer.copy() for name, buffer in buffers.items()}
+
+
+def plain_averaging() -> NesterovSGD:
+    """Outer SGD with lr 1 and no momentum: the global weights become the replicas' mean."""
+    return NesterovSGD(lr=1.0, momentum=0.0, nesterov=False)

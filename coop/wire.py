@@ -1,0 +1,241 @@
+"""Named numpy arrays + JSON metadata <-> bytes, as one safetensors blob.
+
+Layout (the safetensors format, https://github.com/huggingface/safetensors):
+
+    8 bytes   little-endian u64 N, the header length
+    N bytes   JSON header: {"__metadata__": {"json": "<our metadata as a JSON string>"},
+                            "<name>": {"dtype": "F32", "shape": [..], "data_offsets": [b, e]}, ...}
+    rest      the tensors' bytes, back to back, offsets relative to the end of the header
+
+Everything that arrives from the network is untrusted, so `unpack` checks the header itself
+(sizes, dtypes, shapes, offsets that tile the data exactly) before any array is built, and
+`check_tensors` / `check_metadata` let the caller compare what came with what the model expects.
+Every refusal is a `WireError` (a `ValueError`): the HTTP layers turn it into a 4xx.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import safetensors.numpy
+
+# Metadata lives under this key of the safetensors "__metadata__" map (which only holds strings).
+METADATA_KEY = "json"
+# A default ceiling on one message: a 124M-parameter fp32 model is ~0.5 GB, so 4 GiB leaves room
+# for larger models while still refusing absurd bodies. Callers pass their own, tighter bound.
+DEFAULT_MAX_BYTES = 4 << 30
+# The safetensors library itself refuses headers over 100 MB; ours are a few KB per 100 tensors.
+MAX_HEADER_BYTES = 100_000_000
+
+# safetensors dtype tag <-> numpy dtype, for the dtypes coop puts on the wire. bf16 travels as
+# U16 (numpy has no bfloat16); see coop.codec.
+_DTYPE_OF_TAG: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"),
+    "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"),
+    "U8": np.dtype("u1"),
+}
+_SUPPORTED = ", ".join(str(d) for d in _DTYPE_OF_TAG.values())
+
+
+class WireError(ValueError):
+    """Bytes or tensors from the network that coop refuses (malformed, truncated, oversized,
+    or not what the model expects). The message says what was expected and what came."""
+
+
+def pack(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any] | None = None) -> bytes:
+    """Serialize named arrays and JSON-able metadata into safetensors bytes.
+
+    Arrays are written little-endian and C-contiguous; the metadata must be JSON without NaN or
+    infinity (it goes into the header as one JSON string).
+    """
+    arrays: dict[str, np.ndarray] = {}
+    for name, array in tensors.items():
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise ValueError(f"tensor names must be non-empty strings other than '__metadata__', got {name!r}")
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"tensor {name!r}: expected a numpy array, got {type(array).__name__}")
+        if array.dtype.newbyteorder("<") not in _DTYPE_OF_TAG.values():
+            raise TypeError(f"tensor {name!r}: dtype {array.dtype} cannot go on the wire; use one of {_SUPPORTED}")
+        # np.asarray(order="C"), not ascontiguousarray, which turns 0-d arrays into shape (1,).
+        arrays[name] = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
+    try:
+        metadata_json = json.dumps(dict(metadata or {}), allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"metadata must be JSON-able without NaN/inf (plain dicts, lists, str, numbers): {error}") from error
+    return safetensors.numpy.save(arrays, metadata={METADATA_KEY: metadata_json})
+
+
+def unpack(
+    data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTES
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Parse bytes made by `pack` back into (tensors, metadata), refusing anything malformed.
+
+    Raises WireError if the input is larger than `max_bytes`, truncated, has a header that is not
+    the safetensors layout, an unsupported dtype, sizes that do not match the shapes, overlapping
+    or gapped data offsets, or trailing bytes. Returned arrays are writable copies.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise WireError(f"expected bytes, got {type(data).__name__}")
+    view = memoryview(data).cast("B")
+    size = view.nbytes
+    if size > max_bytes:
+        raise WireError(f"message is {size} bytes, the limit is {max_bytes}; send a smaller update or raise the limit")
+    if size < 8:
+        raise WireError(f"message is {size} bytes, too short for the 8-byte safetensors length prefix (truncated?)")
+    (header_len,) = struct.unpack("<Q", view[:8])
+    if header_len > MAX_HEADER_BYTES:
+        raise WireError(f"safetensors header claims {header_len} bytes, the limit is {MAX_HEADER_BYTES}")
+    if 8 + header_len > size:
+        raise WireError(f"safetensors header claims {header_len} bytes but only {size - 8} follow the prefix (truncated?)")
+    try:
+        header = json.loads(bytes(view[8 : 8 + header_len]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise WireError(f"safetensors header is not UTF-8 JSON: {error}") from error
+    if not isinstance(header, dict):
+        raise WireError(f"safetensors header must be a JSON object, got {type(header).__name__}")
+
+    metadata = _parse_metadata(header.pop("__metadata__", None))
+    data_len = size - 8 - header_len
+    _check_layout(header, data_len)
+
+    try:
+        tensors = safetensors.numpy.load(bytes(view))
+    except Exception as error:  # the library's own checks; ours should have caught everything first
+        raise WireError(f"safetensors refused the message: {error}") from error
+    # Writable, native arrays: callers may decode/accumulate in place.
+    return {name: np.array(array, copy=True) for name, array in tensors.items()}, metadata
+
+
+def _parse_metadata(raw: Any) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        raise WireError("safetensors '__metadata__' must map strings to strings")
+    if METADATA_KEY not in raw:
+        return {}
+    try:
+        metadata = json.loads(raw[METADATA_KEY])
+    except json.JSONDecodeError as error:
+        raise WireError(f"metadata is not valid JSON: {error}") from error
+    if not isinstance(metadata, dict):
+        raise WireError(f"metadata must be a JSON object, got {type(metadata).__name__}")
+    return metadata
+
+
+def _check_layout(header: dict[str, Any], data_len: int) -> None:
+    """Each entry has a known dtype, a shape of non-negative ints, and offsets whose length is
+    prod(shape) * itemsize; together the offsets tile [0, data_len) with no gap or overlap."""
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in header.items():
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise WireError(f"tensor {name!r}: header entry must have exactly dtype, shape, data_offsets; got {entry!r:.200}")
+        tag, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if tag not in _DTYPE_OF_TAG:
+            raise WireError(f"tensor {name!r}: dtype {tag!r} is not accepted; expected one of {sorted(_DTYPE_OF_TAG)}")
+        if not isinstance(shape, list) or not all(_is_nonneg_int(d) for d in shape):
+            raise WireError(f"tensor {name!r}: shape must be a list of non-negative ints, got {shape!r:.200}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_nonneg_int(o) for o in offsets)):
+            raise WireError(f"tensor {name!r}: data_offsets must be [begin, end], got {offsets!r:.200}")
+        begin, end = offsets
+        expected = math.prod(shape) * _DTYPE_OF_TAG[tag].itemsize
+        if end - begin != expected:
+            raise WireError(f"tensor {name!r}: shape {shape} of {tag} needs {expected} bytes, offsets give {end - begin}")
+        spans.append((begin, end, name))
+    position = 0
+    for begin, end, name in sorted(spans):
+        if begin != position:
+            raise WireError(f"tensor {name!r}: data starts at {begin}, expected {position} (gap or overlap)")
+        position = end
+    if position != data_len:
+        if position > data_len:
+            raise WireError(f"tensors need {position} data bytes but only {data_len} came (truncated?)")
+        raise WireError(f"{data_len - position} trailing bytes after the last tensor")
+
+
+def _is_nonneg_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Checking an unpacked update against what the receiver expects.
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What one named tensor must look like."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def spec_of(tensors: Mapping[str, np.ndarray]) -> dict[str, TensorSpec]:
+    """The spec that arrays like these have (e.g. the global weights: what every update must match)."""
+    return {name: TensorSpec(tuple(array.shape), np.dtype(array.dtype)) for name, array in tensors.items()}
+
+
+def check_tensors(
+    tensors: Mapping[str, np.ndarray],
+    expected: Mapping[str, TensorSpec],
+    *,
+    require_finite: bool = True,
+    what: str = "update",
+) -> None:
+    """Raise WireError unless `tensors` has exactly the expected names, shapes and dtypes and
+    (with `require_finite`) only finite values. Changes nothing, so a refused update leaves no trace."""
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise WireError(
+            f"{what} has the wrong tensor names: missing {_few(missing)}, unexpected {_few(unexpected)}; "
+            "is the sender running the same model config?"
+        )
+    for name, spec in expected.items():
+        array = tensors[name]
+        if not isinstance(array, np.ndarray):
+            raise WireError(f"{what}: tensor {name!r} should be a numpy array, got {type(array).__name__}")
+        if tuple(array.shape) != tuple(spec.shape):
+            raise WireError(f"{what}: tensor {name!r} has shape {tuple(array.shape)}, expected {tuple(spec.shape)}")
+        if np.dtype(array.dtype) != np.dtype(spec.dtype):
+            raise WireError(f"{what}: tensor {name!r} has dtype {array.dtype}, expected {np.dtype(spec.dtype)}")
+        if require_finite and array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+            raise WireError(f"{what}: tensor {name!r} has {bad} non-finite values (NaN/inf); the sender's training diverged")
+
+
+def check_metadata(
+    metadata: Mapping[str, Any], required: Mapping[str, type | tuple[type, ...]], *, what: str = "metadata"
+) -> None:
+    """Raise WireError unless every key in `required` is present with a value of the given type(s).
+    bool is not accepted where int is asked for (JSON true is not a round number)."""
+    for key, kind in required.items():
+        if key not in metadata:
+            raise WireError(f"{what} lacks {key!r}; it has {_few(sorted(metadata))}")
+        value = metadata[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) and bool not in kinds:
+            ok = False
+        else:
+            ok = isinstance(value, kinds)
+        if not ok:
+            names = " or ".join(k.__name__ for k in kinds)
+            raise WireError(f"{what}: {key!r} should be {names}, got {type(value).__name__} {value!r:.100}")
+
+
+def _few(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"[{shown}{more}]"

@@ -1,0 +1,260 @@
+"""coop.codec: round trips, stated error bounds, exact byte counts, error feedback, hostile input."""
+
+import math
+
+import numpy as np
+import pytest
+
+from coop.codec import (
+    CODECS,
+    BF16Codec,
+    Int8Codec,
+    TopKCodec,
+    bf16_bits_to_float32,
+    decode,
+    float32_to_bf16_bits,
+    get_codec,
+)
+from coop.wire import WireError, pack, unpack
+
+SHAPES = {"wte.weight": (37, 16), "h.0.attn.c_attn.bias": (48,), "ln_f.weight": (16,), "scalar": (), "odd": (3, 5, 7)}
+
+
+def sample_update(seed: int = 0, scale: float = 1e-2) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: (rng.standard_normal(shape) * scale).astype(np.float32) for name, shape in SHAPES.items()}
+
+
+ALL_CODECS = [
+    ("fp32", {}),
+    ("fp16", {}),
+    ("bf16", {}),
+    ("int8", {}),
+    ("int8", {"block_size": 7}),
+    ("topk", {"ratio": 0.1}),
+    ("topk", {"ratio": 1.0}),
+]
+
+
+@pytest.mark.parametrize("name, options", ALL_CODECS)
+def test_round_trip_through_the_wire_keeps_names_shapes_and_byte_count(name, options):
+    codec = get_codec(name, **options)
+    update = sample_update()
+    encoded = codec.encode(update)
+    assert encoded.nbytes == codec.payload_nbytes(SHAPES)  # the exact byte count
+    tensors, metadata = unpack(pack(encoded.tensors, encoded.metadata))
+    assert metadata["codec"] == name
+    decoded = decode(tensors, metadata, expected_shapes=SHAPES)
+    assert set(decoded) == set(update)
+    for key, x in update.items():
+        assert decoded[key].dtype == np.float32 and decoded[key].shape == x.shape
+
+
+def test_payload_bytes_formulas():
+    n = 1000
+    shapes = {"w": (n,)}
+    assert get_codec("fp32").payload_nbytes(shapes) == 4 * n
+    assert get_codec("fp16").payload_nbytes(shapes) == 2 * n
+    assert get_codec("bf16").payload_nbytes(shapes) == 2 * n
+    assert get_codec("int8", block_size=256).payload_nbytes(shapes) == n + 4 * 4  # ceil(1000/256) = 4 scales
+    assert get_codec("topk", ratio=0.01).payload_nbytes(shapes) == 8 * 10
+
+
+def test_fp32_is_lossless():
+    update = sample_update()
+    codec = get_codec("fp32")
+    decoded = codec.decode(*vars(codec.encode(update)).values())
+    for key in update:
+        np.testing.assert_array_equal(decoded[key], update[key])
+
+
+def test_fp16_error_bound():
+    rng = np.random.default_rng(1)
+    # normal range and subnormal range of fp16
+    x = np.concatenate([rng.uniform(-60000, 60000, 5000), rng.standard_normal(5000) * 1e-6]).astype(np.float32)
+    codec = get_codec("fp16")
+    y = codec.decode(*vars(codec.encode({"x": x})).values())["x"]
+    err = np.abs(y.astype(np.float64) - x)
+    bound = np.maximum(2.0**-11 * np.abs(x.astype(np.float64)), 2.0**-25)
+    assert (err <= bound).all()
+
+
+def test_fp16_refuses_values_beyond_its_range():
+    with pytest.raises(ValueError, match="bf16 or fp32"):
+        get_codec("fp16").encode({"x": np.array([7e4], np.float32)})
+
+
+def test_bf16_error_bound_and_exact_round_trip_of_bf16_values():
+    rng = np.random.default_rng(2)
+    x = np.concatenate(
+        [rng.standard_normal(5000) * 10.0 ** rng.integers(-30, 30, 5000), rng.standard_normal(100) * 1e-39]
+    ).astype(np.float32)
+    codec = BF16Codec()
+    y = codec.decode(*vars(codec.encode({"x": x})).values())["x"]
+    err = np.abs(y.astype(np.float64) - x)
+    bound = np.maximum(2.0**-8 * np.abs(x.astype(np.float64)), 2.0**-134)
+    assert (err <= bound).all()
+    # values already representable in bf16 come back bit for bit
+    np.testing.assert_array_equal(bf16_bits_to_float32(float32_to_bf16_bits(y)), y)
+
+
+def test_bf16_rounds_to_nearest_even():
+    def bits(pattern: int) -> np.ndarray:
+        return np.array([pattern], dtype=np.uint32).view(np.float32)
+
+    assert float32_to_bf16_bits(bits(0x3F808000))[0] == 0x3F80  # tie, kept bit even: down
+    assert float32_to_bf16_bits(bits(0x3F818000))[0] == 0x3F82  # tie, kept bit odd: up to even
+    assert float32_to_bf16_bits(bits(0x3F808001))[0] == 0x3F81  # above the tie: up
+    assert float32_to_bf16_bits(bits(0x3F807FFF))[0] == 0x3F80  # below the tie: down
+    assert float32_to_bf16_bits(bits(0xBF818000))[0] == 0xBF82  # negative, same rule on magnitude
+    assert float32_to_bf16_bits(bits(0x00000001))[0] == 0x0000  # tiniest subnormal rounds to zero
+
+
+def test_bf16_matches_torch_where_available():
+    torch = pytest.importorskip("torch")
+    x = (np.random.default_rng(3).standard_normal(10000) * 100).astype(np.float32)
+    reference = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(float32_to_bf16_bits(x), reference)
+
+
+def test_bf16_refuses_overflow():
+    with pytest.raises(ValueError, match="overflow"):
+        BF16Codec().encode({"x": np.array([np.finfo(np.float32).max], np.float32)})
+
+
+@pytest.mark.parametrize("block_size", [1, 7, 64, 256, 4096])
+def test_int8_error_bound_per_block(block_size):
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(3001) * np.repeat(10.0 ** rng.integers(-4, 2, 31), 100)[:3001]).astype(np.float32)
+    zero_block = block_size < 1000
+    if zero_block:
+        x[:block_size] = 0.0  # an all-zero block decodes to exact zeros
+    codec = Int8Codec(block_size=block_size)
+    encoded = codec.encode({"x": x})
+    assert encoded.tensors["x.q"].dtype == np.int8 and encoded.tensors["x.q"].shape == (3001,)
+    assert encoded.tensors["x.scale"].shape == (math.ceil(3001 / block_size),)
+    assert encoded.nbytes == 3001 + 4 * math.ceil(3001 / block_size)
+    y = codec.decode(encoded.tensors, encoded.metadata)["x"]
+    absmax = np.array([np.abs(x[i : i + block_size]).max() for i in range(0, x.size, block_size)], dtype=np.float64)
+    bound = np.repeat(absmax / 254, block_size)[: x.size] * (1 + 1e-5)  # float32 rounding slack
+    assert (np.abs(y.astype(np.float64) - x) <= bound).all()
+    if zero_block:
+        np.testing.assert_array_equal(y[:block_size], 0.0)
+    # each block's absmax element is reproduced almost exactly (its code is +-127)
+    assert np.abs(encoded.tensors["x.q"]).max() == 127
+
+
+def test_topk_keeps_the_largest_entries_with_sorted_indices():
+    x = np.array([0.1, -5.0, 0.2, 3.0, -0.05, 4.0, 0.0, -0.3, 0.01, 0.02], np.float32)
+    codec = TopKCodec(ratio=0.3, error_feedback=False)
+    encoded = codec.encode({"x": x})
+    np.testing.assert_array_equal(encoded.tensors["x.idx"], np.array([1, 3, 5], np.uint32))
+    np.testing.assert_array_equal(encoded.tensors["x.val"], np.array([-5.0, 3.0, 4.0], np.float32))
+    assert encoded.nbytes == 3 * 8
+    y = codec.decode(encoded.tensors, encoded.metadata)["x"]
+    np.testing.assert_array_equal(y, np.where(np.isin(np.arange(10), [1, 3, 5]), x, 0))
+
+
+def test_topk_error_bound_of_one_round():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(1000).astype(np.float32)
+    for ratio in (0.01, 0.1, 0.5):
+        codec = TopKCodec(ratio=ratio, error_feedback=False)
+        y = codec.decode(*vars(codec.encode({"x": x})).values())["x"]
+        k = codec.k_of(x.size)
+        assert np.linalg.norm(x - y) <= math.sqrt(1 - k / x.size) * np.linalg.norm(x) + 1e-6
+
+
+def test_topk_error_feedback_loses_nothing_only_delays_it():
+    codec = TopKCodec(ratio=0.05)
+    rounds = [sample_update(seed) for seed in range(20)]
+    sent = {name: np.zeros(shape, np.float64) for name, shape in SHAPES.items()}
+    for update in rounds:
+        encoded = codec.encode(update)
+        for name, y in codec.decode(encoded.tensors, encoded.metadata, SHAPES).items():
+            sent[name] += y
+    for name, shape in SHAPES.items():
+        total = sum(update[name].astype(np.float64) for update in rounds)
+        residual = codec.residual[name].reshape(shape)
+        np.testing.assert_allclose(sent[name] + residual, total, rtol=0, atol=1e-6)
+    # the residual is what error feedback adds next round: without it, an entry that is never
+    # large enough would never be sent
+    small = {"x": np.full(10, 0.01, np.float32)}
+    small["x"][0] = 1.0
+    codec = TopKCodec(ratio=0.1)  # k = 1: only the big entry would ever be sent without feedback
+    seen = np.zeros(10)
+    for _ in range(300):
+        encoded = codec.encode(small)
+        seen += codec.decode(encoded.tensors, encoded.metadata)["x"] != 0
+    assert (seen > 0).all()
+
+
+def test_topk_reset_and_shape_change():
+    codec = TopKCodec(ratio=0.5)
+    codec.encode({"x": np.ones(4, np.float32)})
+    with pytest.raises(ValueError, match="reset"):
+        codec.encode({"x": np.ones(5, np.float32)})
+    codec.reset()
+    codec.encode({"x": np.ones(5, np.float32)})
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_encode_refuses_non_finite_updates(name):
+    x = np.array([1.0, np.nan], np.float32)
+    with pytest.raises(ValueError, match="NaN"):
+        get_codec(name).encode({"x": x})
+
+
+def test_unknown_codec_and_bad_options():
+    with pytest.raises(ValueError, match="choose one of"):
+        get_codec("zip")
+    with pytest.raises(ValueError, match="bad options"):
+        get_codec("fp16", block_size=3)
+    with pytest.raises(ValueError, match="block_size"):
+        get_codec("int8", block_size=0)
+    with pytest.raises(ValueError, match="ratio"):
+        get_codec("topk", ratio=0.0)
+
+
+# -- hostile input: everything must be a WireError, nothing allocated from claimed shapes -------
+
+
+def encoded_message(name: str, **options):
+    encoded = get_codec(name, **options).encode({"w": np.arange(10, dtype=np.float32) - 4.5})
+    return dict(encoded.tensors), dict(encoded.metadata)
+
+
+def test_decode_refuses_shapes_other_than_the_model_s():
+    tensors, metadata = encoded_message("topk", ratio=0.2)
+    metadata["shapes"] = {"w": [10**12]}
+    with pytest.raises(WireError, match="do not match the model"):
+        decode(tensors, metadata, expected_shapes={"w": (10,)})
+
+
+@pytest.mark.parametrize(
+    "codec, mutate, message",
+    [
+        ("fp32", lambda t, m: m.update(codec="gzip"), "codec"),
+        ("fp32", lambda t, m: m.update(options=[1]), "options"),
+        ("fp32", lambda t, m: m.update(shapes={"w": [-10]}), "shapes"),
+        ("fp32", lambda t, m: t.update(w=t["w"].astype(np.float64)), "expected float32"),
+        ("fp32", lambda t, m: t.update(extra=np.zeros(1, np.float32)), "unexpected"),
+        ("fp16", lambda t, m: t.update(w=t["w"][:5]), "shape"),
+        ("int8", lambda t, m: m.update(options={"block_size": 0}), "block_size"),
+        ("int8", lambda t, m: m.update(options={"block_size": 4, "evil": 1}), "bad options"),
+        ("int8", lambda t, m: t.update({"w.scale": np.zeros(7, np.float32)}), "w.scale"),
+        ("int8", lambda t, m: t["w.scale"].__setitem__(0, np.inf), "finite"),
+        ("int8", lambda t, m: t.pop("w.q"), "missing"),
+        ("topk", lambda t, m: t["w.idx"].__setitem__(0, 10), "indices"),
+        ("topk", lambda t, m: t.update({"w.idx": np.arange(3, dtype=np.uint32)}), r"w.val': expected float32 array of shape \(3,\)"),
+        ("topk", lambda t, m: t.update({"w.idx": np.array([3, 3], np.uint32)}), "strictly increasing"),
+        ("topk", lambda t, m: t.update({"w.idx": np.zeros(2, np.int64)}), "uint32"),
+    ],
+)
+def test_decode_refuses_malformed_encodings(codec, mutate, message):
+    tensors, metadata = encoded_message(codec)
+    if codec == "topk":
+        tensors, metadata = encoded_message(codec, ratio=0.2)
+    mutate(tensors, metadata)
+    with pytest.raises(WireError, match=message):
+        decode(tensors, metadata, expected_shapes={"w": (10,)})

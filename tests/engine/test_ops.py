@@ -1,0 +1,185 @@
+"""Every op, forward and backward: against finite differences (float64) and against PyTorch (float32).
+
+Each case is one call written twice, once for engine and once for torch, on the same inputs.
+Tolerances: finite differences atol 1e-6 + rtol 1e-5 (float64); torch atol 1e-5 + rtol 1e-4 (float32)
+unless a case says otherwise."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import engine
+import engine.nn.functional as F
+from op_check import check_against_torch, check_finite_differences
+
+try:
+    import torch
+    import torch.nn.functional as TF
+except ImportError:  # the torch comparisons skip; finite differences still run
+    torch = TF = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+
+def _causal_torch(q, k, v):
+    return TF.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+# name: (engine fn, torch fn, input shapes, input range)
+CASES = {
+    "add_broadcast": (lambda a, b: a + b, lambda a, b: a + b, [(3, 4), (4,)], None),
+    "sub_broadcast": (lambda a, b: a - b, lambda a, b: a - b, [(2, 1, 4), (3, 1)], None),
+    "mul_broadcast": (lambda a, b: a * b, lambda a, b: a * b, [(2, 3, 4), (1, 3, 1)], None),
+    "div": (lambda a, b: a / b, lambda a, b: a / b, [(3, 4), (3, 4)], (0.5, 2.0)),
+    "scalar_ops": (lambda a: (2.0 - a) * 3.0 / 1.5 + 1.0 - 0.5 / (a + 3.0), lambda a: (2.0 - a) * 3.0 / 1.5 + 1.0 - 0.5 / (a + 3.0), [(5,)], None),
+    "pow_scalar": (lambda a: a ** 3, lambda a: a ** 3, [(3, 4)], None),
+    "pow_tensor": (lambda a, b: a ** b, lambda a, b: a ** b, [(3, 4), (3, 4)], (0.5, 2.0)),
+    "rpow": (lambda a: 2.0 ** a, lambda a: 2.0 ** a, [(6,)], None),
+    "neg": (lambda a: -a, lambda a: -a, [(3, 4)], None),
+    "relu": (F.relu, TF.relu if TF else None, [(4, 5)], None),
+    "gelu_tanh": (F.gelu, (lambda a: TF.gelu(a, approximate="tanh")) if TF else None, [(4, 5)], (-4.0, 4.0)),
+    "sigmoid": (F.sigmoid, torch.sigmoid if torch else None, [(4, 5)], (-6.0, 6.0)),
+    "tanh": (F.tanh, torch.tanh if torch else None, [(4, 5)], None),
+    "exp": (lambda a: a.exp(), lambda a: a.exp(), [(4, 5)], None),
+    "log": (lambda a: a.log(), lambda a: a.log(), [(4, 5)], (0.1, 3.0)),
+    "abs": (lambda a: a.abs(), lambda a: a.abs(), [(4, 5)], None),
+    "sqrt": (lambda a: a.sqrt(), lambda a: a.sqrt(), [(4, 5)], (0.1, 3.0)),
+    "maximum": (lambda a, b: a.maximum(b), lambda a, b: torch.maximum(a, b), [(4, 5), (5,)], None),
+    "sum_all": (lambda a: a.sum(), lambda a: a.sum(), [(3, 4, 5)], None),
+    "sum_axes_keepdim": (lambda a: a.sum((0, 2), keepdim=True), lambda a: a.sum((0, 2), keepdim=True), [(3, 4, 5)], None),
+    "mean_axis": (lambda a: a.mean(1), lambda a: a.mean(1), [(3, 4, 5)], None),
+    "mean_neg_axis_keepdim": (lambda a: a.mean(-1, keepdim=True), lambda a: a.mean(-1, keepdim=True), [(3, 4, 5)], None),
+    "max_axis": (lambda a: a.max(1), lambda a: a.amax(1), [(3, 4, 5)], None),
+    "max_keepdim": (lambda a: a.max(-1, keepdim=True), lambda a: a.amax(-1, keepdim=True), [(3, 4, 5)], None),
+    "var": (lambda a: a.var(-1), lambda a: a.var(-1), [(3, 6)], None),
+    "matmul_2d": (lambda a, b: a @ b, lambda a, b: a @ b, [(3, 4), (4, 5)], None),
+    "matmul_batched": (lambda a, b: a @ b, lambda a, b: a @ b, [(2, 3, 4), (2, 4, 5)], None),
+    "matmul_broadcast": (lambda a, b: a @ b, lambda a, b: a @ b, [(2, 1, 3, 4), (3, 4, 2)], None),
+    "matmul_vector": (lambda a, b: a @ b, lambda a, b: a @ b, [(3, 4), (4,)], None),
+    "linear": (lambda x, w, b: F.linear(x, w, b), TF.linear if TF else None, [(2, 3, 4), (5, 4), (5,)], None),
+    "reshape_permute": (lambda a: a.reshape(4, 6).transpose(0, 1).reshape(2, 12).permute(1, 0),
+                        lambda a: a.reshape(4, 6).transpose(0, 1).reshape(2, 12).permute(1, 0), [(2, 3, 4)], None),
+    "getitem_slices": (lambda a: a[:, 1:3, ::2] * a[0, -1, None, ::2], lambda a: a[:, 1:3, ::2] * a[0, -1, None, ::2], [(3, 4, 5)], None),
+    "getitem_ellipsis": (lambda a: a[..., -1], lambda a: a[..., -1], [(3, 4, 5)], None),
+    "expand": (lambda a: a.expand(3, 4, 5) * 2.0, lambda a: a.expand(3, 4, 5) * 2.0, [(4, 1)], None),
+    "cat": (lambda a, b: engine.cat([a, b, a], 1), lambda a, b: torch.cat([a, b, a], 1), [(2, 3, 4), (2, 1, 4)], None),
+    "stack": (lambda a, b: engine.stack([a, b], -1), lambda a, b: torch.stack([a, b], -1), [(2, 3), (2, 3)], None),
+    "split": (lambda a: engine.cat([p * (i + 1.0) for i, p in enumerate(a.split([1, 3, 2], 1))], 1),
+              lambda a: torch.cat([p * (i + 1.0) for i, p in enumerate(a.split([1, 3, 2], 1))], 1), [(2, 6, 3)], None),
+    "chunk": (lambda a: a.chunk(2, -1)[1] - a.chunk(2, -1)[0], lambda a: a.chunk(2, -1)[1] - a.chunk(2, -1)[0], [(3, 6)], None),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, 6, w, b), lambda x, w, b: TF.layer_norm(x, (6,), w, b), [(2, 3, 6), (6,), (6,)], None),
+    "layer_norm_no_affine": (lambda x: F.layer_norm(x, 6), lambda x: TF.layer_norm(x, (6,)), [(4, 6)], None),
+    "softmax_last": (lambda a: F.softmax(a, -1), lambda a: TF.softmax(a, -1), [(3, 4, 5)], None),
+    "softmax_axis1": (lambda a: F.softmax(a, 1), lambda a: TF.softmax(a, 1), [(3, 4, 5)], None),
+    "log_softmax_last": (lambda a: F.log_softmax(a, -1), lambda a: TF.log_softmax(a, -1), [(3, 7)], None),
+    "log_softmax_axis0": (lambda a: F.log_softmax(a, 0), lambda a: TF.log_softmax(a, 0), [(3, 4, 2)], None),
+    "where": (lambda a, b: engine.where(a > 0, a, b), lambda a, b: torch.where(a > 0, a, b), [(3, 4), (4,)], None),
+    "masked_fill": (lambda a: a.masked_fill(a < 0, 0.5) * a, lambda a: a.masked_fill(a < 0, 0.5) * a, [(3, 4)], None),
+    "sdpa_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), _causal_torch,
+                    [(2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 3)], None),
+    "sdpa_float_mask": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                        (lambda q, k, v, m: TF.scaled_dot_product_attention(q, k, v, attn_mask=m)) if TF else None,
+                        [(2, 3, 4), (2, 5, 4), (2, 5, 4), (3, 5)], None),
+}
+
+IDS = sorted(CASES)
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_finite_differences(name):
+    fn, _, shapes, rng = CASES[name]
+    low, high = rng or (-2.0, 2.0)
+    check_finite_differences(fn, shapes, low=low, high=high)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", IDS)
+def test_against_torch(name):
+    fn, torch_fn, shapes, rng = CASES[name]
+    low, high = rng or (-2.0, 2.0)
+    check_against_torch(fn, torch_fn, shapes, low=low, high=high)
+
+
+# ---- ops with integer inputs -----------------------------------------------------------------------
+
+def _ce_case(ignore_index):
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((6, 5))
+    targets = rng.integers(0, 5, 6)
+    targets[[1, 4]] = ignore_index
+    return logits, targets
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_finite_differences(reduction):
+    logits, targets = _ce_case(-100)
+    t = engine.tensor(targets)
+    check_finite_differences(lambda x: F.cross_entropy(x, t, ignore_index=-100, reduction=reduction).reshape(-1),
+                             [logits.shape])
+
+
+@needs_torch
+@pytest.mark.parametrize("ignore_index", [-100, 2])
+def test_cross_entropy_against_torch(ignore_index):
+    logits, targets = _ce_case(ignore_index)
+    t = engine.tensor(targets)
+    tt = torch.tensor(targets)
+    check_against_torch(lambda x: F.cross_entropy(x, t, ignore_index=ignore_index).reshape(1),
+                        lambda x: TF.cross_entropy(x, tt, ignore_index=ignore_index).reshape(1), [logits.shape])
+
+
+def test_cross_entropy_all_rows_of_3d_logits():
+    logits = engine.randn(2, 3, 4, requires_grad=True)
+    targets = engine.tensor([[0, 1, 2], [3, 0, 1]])
+    loss = F.cross_entropy(logits, targets)
+    flat = F.cross_entropy(logits.reshape(6, 4), targets.reshape(6))
+    assert abs(loss.item() - flat.item()) < 1e-6
+
+
+def test_embedding_scatter_add_backward():
+    idx = engine.tensor([[0, 2, 2], [1, 2, 0]])
+    check_finite_differences(lambda w: F.embedding(idx, w), [(4, 3)])
+    if torch is not None:
+        tidx = torch.tensor(idx.numpy())
+        check_against_torch(lambda w: F.embedding(idx, w), lambda w: TF.embedding(tidx, w), [(4, 3)])
+
+
+def test_dropout_inverted_and_seeded():
+    x = engine.ones(200, 100, requires_grad=True)
+    engine.manual_seed(7)
+    y = F.dropout(x, 0.3, training=True)
+    kept = y.numpy() != 0
+    assert abs(kept.mean() - 0.7) < 0.02
+    np.testing.assert_allclose(y.numpy()[kept], 1 / 0.7, rtol=1e-6)  # survivors scaled by 1/(1-p)
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy() != 0, kept)  # the gradient flows through the same mask
+    engine.manual_seed(7)
+    np.testing.assert_array_equal(F.dropout(x, 0.3).numpy(), y.numpy())  # same seed, same mask
+    assert F.dropout(x, 0.3, training=False) is x
+
+
+def test_sdpa_dropout_zeroes_attention_weights():
+    q = engine.randn(1, 1, 8, 4)
+    engine.manual_seed(1)
+    out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5, is_causal=True)
+    assert out.shape == (1, 1, 8, 4) and np.isfinite(out.numpy()).all()
+
+
+def test_causal_mask_with_cached_keys():
+    # 2 new queries after 3 cached keys: query 0 sees keys 0..3, query 1 sees all 5
+    m = F.causal_mask(2, 5).numpy()
+    np.testing.assert_array_equal(m, [[0, 0, 0, 0, 1], [0, 0, 0, 0, 0]])
+
+
+def test_bool_mask_sdpa_matches_torch():
+    if torch is None:
+        pytest.skip("torch is not installed")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(3))
+    mask = rng.random((3, 3)) > 0.3
+    mask[:, 0] = True
+    ours = F.scaled_dot_product_attention(engine.tensor(q), engine.tensor(k), engine.tensor(v),
+                                          attn_mask=engine.tensor(mask))
+    ref = TF.scaled_dot_product_attention(torch.tensor(q), torch.tensor(k), torch.tensor(v),
+                                          attn_mask=torch.tensor(mask))
+    np.testing.assert_allclose(ours.numpy(), ref.numpy(), atol=1e-5)
