@@ -1,0 +1,125 @@
+// Python bindings of the CUDA runtime layer: devices, streams, memory, transfers.
+// The kernels' bindings are in bind_ops.cpp; DLPack in dlpack.cpp.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "buffer.h"
+#include "runtime.h"
+
+namespace py = pybind11;
+
+namespace engine {
+
+void bind_ops(py::module_& m);
+void bind_dlpack(py::module_& m);
+
+void bind_cuda(py::module_& m) {
+    static py::exception<CudaError> cuda_error(m, "CudaError", PyExc_RuntimeError);
+    (void)cuda_error;
+
+    m.def("cuda_available", []() { return device_count() > 0; },
+          "True when this build has the CUDA backend and a driver with at least one GPU answers.");
+    m.def("device_count", &device_count);
+    m.def("cuda_status", &cuda_status, "'' when a GPU is usable, else why not.");
+    m.def("synchronize", [](int device) {
+        py::gil_scoped_release nogil;
+        use_device(device);
+        check(cudaStreamSynchronize(stream(device)), "synchronize");
+    });
+    m.def("stream_handle", [](int device) { return reinterpret_cast<std::uintptr_t>(stream(device)); },
+          "The cudaStream_t (as an int) all of engine's work on `device` is queued on.");
+    m.def("device_properties", [](int device) {
+        cudaDeviceProp prop;
+        check(cudaGetDeviceProperties(&prop, device), "device_properties");
+        py::dict d;
+        d["name"] = std::string(prop.name);
+        d["major"] = prop.major;
+        d["minor"] = prop.minor;
+        d["total_memory"] = prop.totalGlobalMem;
+        d["multi_processor_count"] = prop.multiProcessorCount;
+        d["l2_cache_size"] = prop.l2CacheSize;
+        return d;
+    });
+    m.def("driver_version", []() {
+        int v = 0;
+        cudaDriverGetVersion(&v);
+        cudaGetLastError();
+        return v;
+    });
+    m.def("runtime_version", []() {
+        int v = 0;
+        cudaRuntimeGetVersion(&v);
+        return v;
+    });
+    m.def("mem_stats", [](int device) {
+        MemStats s = mem_stats(device);
+        py::dict d;
+        d["allocated"] = s.allocated;
+        d["peak"] = s.peak;
+        d["reserved"] = s.reserved;
+        d["num_mallocs"] = s.num_mallocs;
+        return d;
+    });
+    m.def("reset_peak", &reset_peak);
+    m.def("empty_cache", &empty_cache);
+
+    py::class_<DeviceBuffer, std::shared_ptr<DeviceBuffer>>(m, "DeviceBuffer")
+        .def(py::init<std::size_t, int>(), py::arg("nbytes"), py::arg("device"))
+        .def_property_readonly("ptr", &DeviceBuffer::address)
+        .def_readonly("nbytes", &DeviceBuffer::nbytes)
+        .def_readonly("device", &DeviceBuffer::device);
+
+    // host (numpy, C-contiguous) -> device; asynchronous on the stream, the source is staged
+    m.def("copy_from_host", [](std::uintptr_t dst, py::buffer src, std::size_t nbytes, int device) {
+        py::buffer_info info = src.request();
+        if ((std::size_t)(info.size * info.itemsize) < nbytes) throw std::runtime_error("copy_from_host: source too small");
+        use_device(device);
+        check(cudaMemcpyAsync(reinterpret_cast<void*>(dst), info.ptr, nbytes, cudaMemcpyHostToDevice, stream(device)),
+              "copy_from_host");
+    });
+    // device -> host (numpy, writable, C-contiguous); waits for the stream (a sync point by design)
+    m.def("copy_to_host", [](py::buffer dst, std::uintptr_t src, std::size_t nbytes, int device) {
+        py::buffer_info info = dst.request(true);
+        if ((std::size_t)(info.size * info.itemsize) < nbytes) throw std::runtime_error("copy_to_host: destination too small");
+        void* hptr = info.ptr;
+        py::gil_scoped_release nogil;
+        use_device(device);
+        check(cudaMemcpyAsync(hptr, reinterpret_cast<void*>(src), nbytes, cudaMemcpyDeviceToHost, stream(device)),
+              "copy_to_host");
+        check(cudaStreamSynchronize(stream(device)), "copy_to_host");
+    });
+    m.def("copy_device", [](std::uintptr_t dst, std::uintptr_t src, std::size_t nbytes, int device) {
+        use_device(device);
+        check(cudaMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<void*>(src), nbytes,
+                              cudaMemcpyDeviceToDevice, stream(device)),
+              "copy");
+    });
+    // between GPUs: enqueue on the source's stream after the destination's pending work
+    m.def("copy_peer", [](std::uintptr_t dst, int dst_device, std::uintptr_t src, int src_device, std::size_t nbytes) {
+        cudaEvent_t ev;
+        use_device(dst_device);
+        check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "copy_peer");
+        check(cudaEventRecord(ev, stream(dst_device)), "copy_peer");
+        use_device(src_device);
+        check(cudaStreamWaitEvent(stream(src_device), ev, 0), "copy_peer");
+        check(cudaMemcpyPeerAsync(reinterpret_cast<void*>(dst), dst_device, reinterpret_cast<void*>(src), src_device,
+                                  nbytes, stream(src_device)),
+              "copy_peer");
+        check(cudaEventRecord(ev, stream(src_device)), "copy_peer");
+        use_device(dst_device);
+        check(cudaStreamWaitEvent(stream(dst_device), ev, 0), "copy_peer");
+        cudaEventDestroy(ev);
+    });
+    m.def("memset", [](std::uintptr_t dst, int value, std::size_t nbytes, int device) {
+        use_device(device);
+        check(cudaMemsetAsync(reinterpret_cast<void*>(dst), value, nbytes, stream(device)), "memset");
+    });
+
+    bind_ops(m);
+    bind_dlpack(m);
+}
+
+}  // namespace engine
