@@ -1,0 +1,49 @@
+"""The `coop` command: `coop train`, `coop simulate`, `coop info`."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand modules, each with add_parser(subparsers) that sets `run`
+SUBCOMMANDS = ["coop.train", "coop.simulate"]
+
+
+def _info(args) -> int:
+    import engine.__main__ as info
+
+    info.main()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coop", description="Train one GPT together on pooled GPUs (DiLoCo).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue
+        module.add_parser(sub)
+    info = sub.add_parser("info", help="what engine was built with and which devices it sees")
+    info.set_defaults(run=_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 1
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
