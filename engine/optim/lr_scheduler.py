@@ -120,10 +120,11 @@ class LambdaLR(LRScheduler):
 
 
 def warmup_cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int, min_lr: float = 0.0) -> float:
-    """The rate at `step`: linear from 0 (step 0) to base_lr (step warmup_steps), then a half cosine
-    from base_lr down to min_lr at step total_steps, and min_lr after that."""
+    """The rate at `step` (counted from 0): linear warm-up base_lr * (step + 1) / warmup_steps, so the
+    first step already moves (as nanoGPT), then a half cosine from base_lr at step warmup_steps down
+    to min_lr at step total_steps, and min_lr after that."""
     if step < warmup_steps:
-        return base_lr * step / warmup_steps
+        return base_lr * (step + 1) / warmup_steps
     if step >= total_steps:
         return min_lr
     progress = (step - warmup_steps) / (total_steps - warmup_steps)  # in [0, 1)
@@ -131,7 +132,7 @@ def warmup_cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: 
 
 
 class WarmupCosine(LRScheduler):
-    """Linear warm-up from 0 to each group's base lr over `warmup_steps`, then cosine decay to
+    """Linear warm-up to each group's base lr over `warmup_steps`, then cosine decay to
     `min_lr` at `total_steps` (held there after). See `warmup_cosine_lr` for the formula."""
 
     _hyper = ("warmup_steps", "total_steps", "min_lr")

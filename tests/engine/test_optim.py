@@ -458,7 +458,7 @@ def test_lambda_lr_matches_torch():
 
 def test_warmup_cosine_by_hand():
     # base 1.0, min 0.1, warm-up 4 steps, cosine until step 12
-    expected = {0: 0.0, 1: 0.25, 2: 0.5, 4: 1.0, 8: 0.1 + 0.45 * (1 + math.cos(math.pi / 2)),
+    expected = {0: 0.25, 1: 0.5, 2: 0.75, 3: 1.0, 4: 1.0, 8: 0.1 + 0.45 * (1 + math.cos(math.pi / 2)),
                 10: 0.1 + 0.45 * (1 + math.cos(math.pi * 0.75)), 12: 0.1, 50: 0.1}
     for step, lr in expected.items():
         assert warmup_cosine_lr(step, 1.0, 4, 12, 0.1) == pytest.approx(lr, abs=1e-15), step
