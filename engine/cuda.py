@@ -212,3 +212,16 @@ def _philox_state(device_index: int, count: int) -> tuple:
     seed, offset = state
     state[1] = offset + ((count + 3) // 4) * 4
     return seed, offset
+
+
+# ---- matmul precision ---------------------------------------------------------------------------
+
+def set_allow_tf32(allow: bool) -> None:
+    """float32 matmuls on TF32 tensor cores (default True, like torch.backends.cuda.matmul.allow_tf32
+    set to True): ~10 mantissa bits in the products, float32 accumulation."""
+    if _C is not None and hasattr(_C, "set_allow_tf32"):
+        _C.set_allow_tf32(bool(allow))
+
+
+def allow_tf32() -> bool:
+    return bool(_C.allow_tf32()) if _C is not None and hasattr(_C, "allow_tf32") else False

@@ -4,7 +4,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
+#include <vector>
 
 #include "buffer.h"
 #include "runtime.h"
@@ -13,12 +15,58 @@ namespace py = pybind11;
 
 namespace engine {
 
+namespace {
+
+// Pinned staging for host -> device copies: a copy from pageable memory may wait for the stream
+// (the driver stages it), which would serialise the host with the GPU once per uploaded batch.
+// Small uploads go through reusable pinned blocks instead; a block is reused once its copy is done.
+struct Staging {
+    void* host;
+    std::size_t bytes;
+    cudaEvent_t done;
+    int device;
+};
+std::vector<Staging> g_staging;
+std::size_t g_staging_total = 0;
+constexpr std::size_t kStageMax = 16u << 20, kStageTotal = 256u << 20;
+
+bool staged_upload(void* dst, const void* src, std::size_t nbytes, int device) {
+    if (nbytes > kStageMax) return false;
+    Staging* s = nullptr;
+    for (auto& c : g_staging) {
+        if (c.device == device && c.bytes >= nbytes && c.bytes <= 4 * nbytes + 65536 &&
+            cudaEventQuery(c.done) == cudaSuccess) {
+            s = &c;
+            break;
+        }
+    }
+    if (s == nullptr) {
+        std::size_t bytes = 4096;
+        while (bytes < nbytes) bytes <<= 1;
+        if (g_staging_total + bytes > kStageTotal) return false;
+        Staging c{nullptr, bytes, nullptr, device};
+        if (cudaHostAlloc(&c.host, bytes, cudaHostAllocDefault) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        check(cudaEventCreateWithFlags(&c.done, cudaEventDisableTiming), "copy_from_host");
+        g_staging.push_back(c);
+        g_staging_total += bytes;
+        s = &g_staging.back();
+    }
+    std::memcpy(s->host, src, nbytes);
+    check(cudaMemcpyAsync(dst, s->host, nbytes, cudaMemcpyHostToDevice, stream(device)), "copy_from_host");
+    check(cudaEventRecord(s->done, stream(device)), "copy_from_host");
+    return true;
+}
+
+}  // namespace
+
 void bind_ops(py::module_& m);
 void bind_dlpack(py::module_& m);
 
 void bind_cuda(py::module_& m) {
-    static py::exception<CudaError> cuda_error(m, "CudaError", PyExc_RuntimeError);
-    (void)cuda_error;
+    py::register_exception<CudaError>(m, "CudaError", PyExc_RuntimeError);
 
     m.def("cuda_available", []() { return device_count() > 0; },
           "True when this build has the CUDA backend and a driver with at least one GPU answers.");
@@ -77,6 +125,7 @@ void bind_cuda(py::module_& m) {
         py::buffer_info info = src.request();
         if ((std::size_t)(info.size * info.itemsize) < nbytes) throw std::runtime_error("copy_from_host: source too small");
         use_device(device);
+        if (staged_upload(reinterpret_cast<void*>(dst), info.ptr, nbytes, device)) return;
         check(cudaMemcpyAsync(reinterpret_cast<void*>(dst), info.ptr, nbytes, cudaMemcpyHostToDevice, stream(device)),
               "copy_from_host");
     });

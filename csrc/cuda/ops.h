@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common.cuh"
+#include "types.h"
 
 namespace engine {
 

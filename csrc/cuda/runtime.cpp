@@ -32,12 +32,11 @@ std::string cuda_status() {
     return "";
 }
 
-static thread_local int t_current_device = -1;
-
 void use_device(int device) {
-    if (device == t_current_device) return;
+    // asked every time (cheap): another library in the process may have switched the device
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
     check(cudaSetDevice(device), "set_device");
-    t_current_device = device;
 }
 
 namespace {
@@ -50,8 +49,8 @@ struct DevicePool {
 
 std::mutex g_mutex;
 std::vector<DevicePool>& pools() {
-    static std::vector<DevicePool> p(64);
-    return p;
+    static auto* p = new std::vector<DevicePool>(64);  // never destroyed: buffers may be freed at exit
+    return *p;
 }
 
 DevicePool& pool(int device) {

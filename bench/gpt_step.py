@@ -1,0 +1,192 @@
+"""Full GPT training step (forward, backward, AdamW) on one GPU: engine against PyTorch eager fp32.
+
+Prints one JSON line per (config, implementation) with ms/step and tokens/s, then one line per
+config with the ratio engine / PyTorch (same model, same run, same GPU; PyTorch float32 with TF32
+matmuls, as engine's default). The two configurations and the PyTorch model are those of
+../shared/bench/torch_gpt_baseline.py (copied here, since ../shared does not travel everywhere).
+
+    python bench/gpt_step.py                      # both configs, 30 timed steps after 8 warm-up
+    python bench/gpt_step.py --configs shakespeare_char --steps 10 --no-torch
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+CONFIGS = {
+    "shakespeare_char": dict(V=65, T=256, L=6, H=6, D=384, B=64),
+    "gpt2_124m": dict(V=50304, T=1024, L=12, H=12, D=768, B=16),
+}
+
+
+def _flops_per_token(nparams: int, c: dict) -> float:
+    # 6N per token + attention (12 L T D), as nanoGPT estimates
+    return 6 * nparams + 12 * c["L"] * c["T"] * c["D"]
+
+
+def bench_engine(name: str, steps: int, warmup: int) -> dict:
+    import numpy as np
+
+    import engine
+    from engine.nn import GPT, GPTConfig
+
+    c = CONFIGS[name]
+    engine.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=c["V"], block_size=c["T"], n_layer=c["L"], n_head=c["H"], n_embd=c["D"],
+                          dropout=0.0, bias=True)).to("cuda")
+    nparams = model.num_parameters()
+    opt = engine.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)  # torch's defaults
+    rng = np.random.default_rng(0)
+    idx = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device="cuda")
+    tgt = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device="cuda")
+
+    def step():
+        _, loss = model(idx, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(warmup):
+        loss = step()
+    first_loss = loss.item()
+    engine.cuda.synchronize()
+    engine.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    engine.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / steps
+    toks = c["B"] * c["T"] / dt
+    return dict(config=name, impl="engine", mode="fp32_tf32", params=nparams, ms_per_step=round(dt * 1e3, 3),
+                tokens_per_s=round(toks), tflops=round(_flops_per_token(nparams, c) * toks / 1e12, 2),
+                peak_mem_gb=round(engine.cuda.max_memory_allocated() / 1e9, 2), loss_after_warmup=round(first_loss, 4),
+                loss=round(loss.item(), 4))
+
+
+def torch_model(c: dict):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(s, d, h):
+            super().__init__()
+            s.ln1, s.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            s.qkv, s.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            s.fc, s.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+            s.h = h
+
+        def forward(s, x):
+            B, T, C = x.shape
+            q, k, v = s.qkv(s.ln1(x)).split(C, dim=2)
+            q, k, v = (t.view(B, T, s.h, C // s.h).transpose(1, 2) for t in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + s.proj(y.transpose(1, 2).reshape(B, T, C))
+            return x + s.out(F.gelu(s.fc(s.ln2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(s, V, T, L, H, D):
+            super().__init__()
+            s.wte, s.wpe = nn.Embedding(V, D), nn.Embedding(T, D)
+            s.blocks = nn.ModuleList(Block(D, H) for _ in range(L))
+            s.lnf = nn.LayerNorm(D)
+            s.head = nn.Linear(D, V, bias=False)
+            s.head.weight = s.wte.weight
+
+        def forward(s, idx, tgt):
+            x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1], device=idx.device))
+            for b in s.blocks:
+                x = b(x)
+            logits = s.head(s.lnf(x))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
+
+    return GPT(c["V"], c["T"], c["L"], c["H"], c["D"])
+
+
+def bench_torch(name: str, steps: int, warmup: int) -> dict:
+    import torch
+
+    c = CONFIGS[name]
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    m = torch_model(c).to("cuda")
+    nparams = sum(p.numel() for p in m.parameters())
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)
+    idx = torch.randint(0, c["V"], (c["B"], c["T"]), device="cuda")
+    tgt = torch.randint(0, c["V"], (c["B"], c["T"]), device="cuda")
+
+    def step():
+        loss = m(idx, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / steps
+    toks = c["B"] * c["T"] / dt
+    out = dict(config=name, impl="torch", mode="eager_fp32_tf32", torch=torch.__version__, params=nparams,
+               ms_per_step=round(dt * 1e3, 3), tokens_per_s=round(toks),
+               tflops=round(_flops_per_token(nparams, c) * toks / 1e12, 2),
+               peak_mem_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2))
+    del m, opt
+    torch.cuda.empty_cache()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
+    args = ap.parse_args(argv)
+
+    import engine
+
+    if not engine.cuda.is_available():
+        print(json.dumps(dict(error=f"no GPU: {engine.cuda.unavailable_reason()}")), flush=True)
+        return 1
+    have_torch = False
+    if not args.no_torch:
+        try:
+            import torch
+
+            have_torch = torch.cuda.is_available()
+        except ImportError:
+            pass
+    for name in args.configs:
+        try:
+            ours = bench_engine(name, args.steps, args.warmup)
+        except Exception as e:  # one config failing (e.g. out of memory) should not hide the other
+            ours = dict(config=name, impl="engine", error=repr(e)[:500])
+        print(json.dumps(ours), flush=True)
+        engine.cuda.empty_cache()
+        if have_torch:
+            try:
+                ref = bench_torch(name, args.steps, args.warmup)
+            except Exception as e:
+                ref = dict(config=name, impl="torch", error=repr(e)[:500])
+            print(json.dumps(ref), flush=True)
+            if "ms_per_step" in ours and "ms_per_step" in ref:
+                ratio = ours["ms_per_step"] / ref["ms_per_step"]
+                print(json.dumps(dict(config=name, ratio_engine_over_torch=round(ratio, 3),
+                                      target="<= 2.0", met=bool(ratio <= 2.0 and math.isfinite(ratio)))),
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

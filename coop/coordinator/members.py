@@ -1,0 +1,108 @@
+"""Who is in the run: workers, their secret tokens (kept only as SHA-256 digests, compared in
+constant time), their data shards, and what they have done. Persisted as JSON by state.py."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def tokens_equal(given: str, expected: str) -> bool:
+    """Constant-time comparison of two tokens (hmac.compare_digest on their UTF-8 bytes)."""
+    return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))
+
+
+@dataclass
+class WorkerRecord:
+    id: str
+    token_digest: str  # sha256 of the secret part of the worker's token
+    name: str
+    device: str
+    shard: int
+    joined_at: float
+    joined_round: int
+    last_seen: float
+    left: bool = False
+    rounds: int = 0  # accepted updates
+    tokens: int = 0  # tokens trained on, over accepted updates
+    rejected: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    first_update_round: int | None = None
+    last_round: int | None = None
+    last_loss: float | None = None
+    tokens_per_s: float | None = None  # of the worker's last round (tokens / training seconds)
+    history: list[float] = field(default_factory=list)  # recent local losses, for the page
+
+    def public(self, now: float, timeout_s: float) -> dict[str, Any]:
+        """What the status endpoint and page show (no token digest)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("token_digest", "history")}
+        out["active"] = self.is_active(now, timeout_s)
+        out["seen_s_ago"] = round(max(0.0, now - self.last_seen), 1)
+        return out
+
+    def is_active(self, now: float, timeout_s: float) -> bool:
+        return not self.left and now - self.last_seen <= timeout_s
+
+
+class Members:
+    """The worker registry. Worker tokens have the form "<worker id>.<secret>"."""
+
+    def __init__(self, shard_count: int):
+        self.shard_count = shard_count
+        self.workers: dict[str, WorkerRecord] = {}
+        self.next_index = 0
+
+    def join(self, name: str, device: str, now: float, round_number: int,
+             timeout_s: float = float("inf")) -> tuple[WorkerRecord, str]:
+        """A new worker: returns its record and its token (shown once, never stored in clear)."""
+        worker_id = f"w{self.next_index}"
+        self.next_index += 1
+        secret = secrets.token_urlsafe(32)
+        record = WorkerRecord(id=worker_id, token_digest=digest(secret), name=name[:64], device=device[:32],
+                              shard=self._least_used_shard(now, timeout_s), joined_at=now, joined_round=round_number,
+                              last_seen=now)
+        self.workers[worker_id] = record
+        return record, f"{worker_id}.{secret}"
+
+    def _least_used_shard(self, now: float, timeout_s: float) -> int:
+        """Hand out the shard fewest active workers are on (ties: the lowest index), so that the
+        shards stay evenly covered as workers come and go."""
+        use = [0] * self.shard_count
+        for w in self.workers.values():
+            if w.is_active(now, timeout_s):
+                use[w.shard] += 1
+        return min(range(self.shard_count), key=lambda i: (use[i], i))
+
+    def authenticate(self, token: str) -> WorkerRecord | None:
+        """The worker this token belongs to, or None. Constant time in the secret."""
+        worker_id, dot, secret = token.partition(".")
+        record = self.workers.get(worker_id) if dot else None
+        # compare against a dummy digest when the id is unknown, so both paths do the same work
+        expected = record.token_digest if record is not None else digest("")
+        ok = tokens_equal(digest(secret), expected)
+        return record if ok and record is not None and not record.left else None
+
+    def active(self, now: float, timeout_s: float) -> set[str]:
+        return {w.id for w in self.workers.values() if w.is_active(now, timeout_s)}
+
+
+    def to_json(self) -> dict[str, Any]:
+        return {"next_index": self.next_index, "shard_count": self.shard_count,
+                "workers": [asdict(w) for w in self.workers.values()]}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any], now: float) -> Members:
+        members = cls(int(raw["shard_count"]))
+        members.next_index = int(raw["next_index"])
+        for item in raw["workers"]:
+            record = WorkerRecord(**item)
+            record.last_seen = now  # a restart is not the workers' fault: give them a timeout to come back
+            members.workers[record.id] = record
+        return members

@@ -1,0 +1,475 @@
+"""The coordinator: global weights, outer optimizer, streaming aggregation, membership and
+persistence around the round state machine. The FastAPI app (app.py) is a thin layer over this.
+
+Concurrency: one asyncio event loop. Decoding an update (CPU-bound) runs in a thread without the
+lock; everything that changes state (aggregating an update, closing a round) runs under one
+asyncio lock, with its numerical work in a thread so that heartbeats and long-polls stay served.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import engine
+from engine.nn import GPT, GPTConfig
+
+from coop import __version__
+from coop.codec import decode
+from coop.diloco import Aggregator, NesterovSGD, global_norm, shapes_of
+from coop.replica import load_weights, weights_of
+from coop.wire import WireError, check_metadata, check_tensors, pack, spec_of, unpack
+
+from .config import RunConfig, default_update_limit
+from .data import RunData, prepare_data
+from .members import Members, WorkerRecord, tokens_equal
+from .metrics import CoordinatorMetrics
+from .rounds import DeadlinePolicy, Phase, Report, RoundMachine, StaleRound
+from .state import load_run, save_members, save_round
+
+log = logging.getLogger("coop.coordinator")
+
+
+class RequestError(Exception):
+    """A request refused with an HTTP status and a message that says what to do."""
+
+    def __init__(self, status: int, message: str, **extra: Any):
+        super().__init__(message)
+        self.status, self.message, self.extra = status, message, extra
+
+
+class Coordinator:
+    def __init__(self, config: RunConfig | None, state_dir: str | Path, run_token: str | None = None, clock=time.time):
+        """`config` None: resume with the config saved in `state_dir`."""
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.run_token = run_token or None
+        self.clock = clock
+        self.started_at = clock()
+        saved = load_run(self.state_dir)
+        if saved is not None:
+            stored = RunConfig.model_validate(saved.config)
+            config = stored if config is None else self._reconcile(config, stored)
+        elif config is None:
+            raise ValueError(f"{self.state_dir} holds no run yet; give a run config (--config run.toml) to start one")
+        self.config = config
+        self.data: RunData = prepare_data(config.data, self.state_dir / "data", config.model.block_size)
+        vocab = config.model.vocab_size or self.data.vocab_size
+        if vocab < self.data.vocab_size:
+            raise ValueError(f"model.vocab_size {vocab} is smaller than the tokenizer's {self.data.vocab_size}; "
+                             "leave it out or make it larger")
+        self.model_config = GPTConfig(vocab_size=vocab, **config.model.model_dump(exclude={"vocab_size"}))
+        o = config.outer
+        self.outer = NesterovSGD(o.lr, o.momentum, o.nesterov, o.warmup_steps)
+        now = clock()
+        if saved is None:
+            engine.manual_seed(config.seed)
+            self.weights = weights_of(GPT(self.model_config))
+            self.history: list[dict[str, Any]] = []
+            self.members = Members(config.data.shards)
+            first_round = 0
+        else:
+            self.weights = saved.weights
+            self.outer.load_state_dict(saved.outer_state)
+            # hyper-parameters come from the (possibly edited) config; the momentum and step count from the state
+            self.outer.lr, self.outer.momentum, self.outer.nesterov = o.lr, o.momentum, o.nesterov
+            self.outer.warmup_steps = o.warmup_steps
+            self.history = saved.history
+            self.members = Members.from_json(saved.members, now) if saved.members else Members(config.data.shards)
+            first_round = saved.round
+        self.shapes = shapes_of(self.weights)
+        self.spec = spec_of(self.weights)
+        self.n_params = sum(a.size for a in self.weights.values())
+        self.max_update_bytes = config.limits.max_update_bytes or default_update_limit(self.n_params, len(self.weights))
+        self.max_tokens = config.inner.steps * config.inner.batch_size * config.model.block_size
+        agg = config.aggregation
+        self.aggregator = Aggregator(self.shapes, max_norm=agg.max_norm, trim_fraction=agg.trim_fraction)
+        r = config.rounds
+        self.machine = RoundMachine(first_round, r.max_rounds, r.min_workers, r.quorum_fraction,
+                                    DeadlinePolicy(r.deadline_factor, r.min_deadline_s, r.max_deadline_s), now)
+        self.metrics = CoordinatorMetrics()
+        self.totals = {"bytes_in": 0, "bytes_out": 0, "updates_accepted": 0, "updates_rejected": 0}
+        self._round_bytes_in = 0
+        self._eval_model: GPT | None = None
+        if saved is None:
+            initial: dict[str, Any] = {"round": None, "outer_steps": 0}  # the starting point of the loss curve
+            self._evaluate_into(initial, force=True)
+            self.history.append(initial)
+            save_round(self.state_dir, round_number=0, weights=self.weights, outer_state=self.outer.state_dict(),
+                       history=self.history, config=self.config.model_dump())
+            save_members(self.state_dir, self.members.to_json())
+        else:
+            log.info("resumed from %s at round %d (%d workers known)", self.state_dir, first_round,
+                     len(self.members.workers))
+        self.weights_body = self._pack_weights()
+        self.metrics.round.set(self.machine.number)
+        # created on the event loop in start()
+        self._lock: asyncio.Lock | None = None
+        self._round_event: asyncio.Event | None = None
+        self.upload_slots: asyncio.Semaphore | None = None
+        self._ticker: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+
+    # -- set-up -----------------------------------------------------------------------------------
+    @staticmethod
+    def _reconcile(given: RunConfig, saved: RunConfig) -> RunConfig:
+        """Resuming: model, data and seed must match the saved run; rounds, limits and optimizers may change."""
+        if given.training_identity() != saved.training_identity():
+            diff = [k for k in ("seed", "model", "data") if given.training_identity()[k] != saved.training_identity()[k]]
+            raise ValueError(f"the state directory holds a run with another {' and '.join(diff)} than the config given; "
+                             "use the same config to resume, or a new --state-dir for a new run")
+        return given
+
+    async def start(self) -> None:
+        self._lock = asyncio.Lock()
+        self._round_event = asyncio.Event()
+        self.upload_slots = asyncio.Semaphore(self.config.limits.concurrent_uploads)
+        self._wake = asyncio.Event()
+        self._ticker = asyncio.create_task(self._tick_forever())
+
+    async def stop(self) -> None:
+        if self._ticker:
+            self._ticker.cancel()
+
+    async def _tick_forever(self) -> None:
+        """Closes rounds: on a timer (deadlines, workers timing out) and when woken by an upload,
+        so that the upload's reply does not wait for the outer step and the checkpoint."""
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+            self._wake.clear()
+            try:
+                async with self._lock:
+                    await self._maybe_close()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the ticker die: log and keep the run going
+                log.exception("round ticker failed")
+
+    # -- membership -------------------------------------------------------------------------------
+    def check_run_token(self, given: str | None) -> None:
+        if self.run_token is None:
+            return
+        if given is None or not tokens_equal(given, self.run_token):
+            raise RequestError(401, "this coordinator needs its access token: pass --token (or COOP_TOKEN) "
+                                    "as given by whoever runs it")
+
+    def authenticate(self, token: str | None) -> WorkerRecord:
+        record = self.members.authenticate(token) if token else None
+        if record is None:
+            raise RequestError(401, "unknown or missing worker token; join again (POST /v1/join)")
+        record.last_seen = self.clock()
+        return record
+
+    def check_status_access(self, token: str | None) -> None:
+        """With a run token, the status JSON needs it or a worker's token."""
+        if self.run_token is None:
+            return
+        if token is not None and (tokens_equal(token, self.run_token) or self.members.authenticate(token)):
+            return
+        raise RequestError(401, "the status endpoint needs the run's access token or a worker token")
+
+    def join(self, name: str, device: str) -> dict[str, Any]:
+        timeout = self.config.rounds.worker_timeout_s
+        if len(self.members.active(self.clock(), timeout)) >= self.config.limits.max_workers:
+            raise RequestError(503, f"the run is full ({self.config.limits.max_workers} active workers); try again later")
+        record, token = self.members.join(name, device, self.clock(), self.machine.number, timeout)
+        save_members(self.state_dir, self.members.to_json())
+        self.metrics.workers_joined.inc()
+        log.info("worker %s (%s, %s) joined at round %d with shard %d", record.id, record.name, record.device,
+                 self.machine.number, record.shard)
+        c = self.config
+        inner = c.inner.model_dump(exclude={"steps", "total_steps"})
+        inner.update(total_steps=c.inner_total_steps(), block_size=c.model.block_size)
+        return {
+            "worker_id": record.id,
+            "worker_token": token,
+            "round": self.machine.number,
+            "done": self.machine.done,
+            "max_rounds": c.rounds.max_rounds,
+            "inner_steps": c.inner.steps,
+            "inner": inner,
+            "model": asdict(self.model_config),
+            "compression": c.compression.model_dump(),
+            "shard": {"index": record.shard, "count": c.data.shards, "tokens": len(self.data.shard(record.shard))},
+            "tokenizer": self.data.tokenizer.info(),
+            "data_id": self.data.data_id,
+            "heartbeat_s": c.rounds.heartbeat_s,
+            "seed": (c.seed * 1_000_003 + self.members.next_index) % 2**32,
+            "max_update_bytes": self.max_update_bytes,
+        }
+
+    def leave(self, record: WorkerRecord) -> None:
+        record.left = True
+        save_members(self.state_dir, self.members.to_json())
+        log.info("worker %s left", record.id)
+
+    def heartbeat(self, record: WorkerRecord) -> dict[str, Any]:
+        return self.round_info(record)
+
+    def round_info(self, record: WorkerRecord | None = None) -> dict[str, Any]:
+        current = self.machine.round
+        info = {"round": current.number, "phase": current.phase.value, "done": self.machine.done}
+        if record is not None:
+            info["reported"] = record.id in current.reports
+        return info
+
+    # -- downloads ---------------------------------------------------------------------------------
+    def _pack_weights(self) -> bytes:
+        return pack(self.weights, {"round": self.machine.number, "model": asdict(self.model_config)})
+
+    def count_download(self, record: WorkerRecord | None, nbytes: int, what: str) -> None:
+        if record is not None:
+            record.bytes_down += nbytes
+        self.totals["bytes_out"] += nbytes
+        self.metrics.bytes_out.labels(what).inc(nbytes)
+
+    # -- updates -----------------------------------------------------------------------------------
+    def precheck_update(self, record: WorkerRecord, round_number: int) -> None:
+        """Before reading a body: refuse a stale round at once (409)."""
+        try:
+            self.machine.check_can_report(record.id, round_number)
+        except StaleRound as stale:
+            self.reject(record, "stale")
+            raise RequestError(409, str(stale), current_round=stale.current, reason=stale.reason) from None
+
+    def reject(self, record: WorkerRecord | None, reason: str) -> None:
+        if record is not None:
+            record.rejected += 1
+        self.totals["updates_rejected"] += 1
+        self.metrics.updates.labels(reason).inc()
+
+    def decode_update(self, body: bytes | bytearray | memoryview, round_number: int) -> tuple[dict[str, np.ndarray], dict]:
+        """Bytes -> checked float32 update and its metadata. Raises RequestError 400 (malformed)
+        or 422 (well-formed but not an update of this model). Pure: touches no state."""
+        try:
+            tensors, meta = unpack(body, self.max_update_bytes)
+        except WireError as error:
+            raise RequestError(400, f"malformed update body: {error}") from None
+        try:
+            check_metadata(meta, {"round": int, "tokens": int, "codec": str}, what="update metadata")
+        except WireError as error:
+            raise RequestError(400, str(error)) from None
+        if meta["round"] != round_number:
+            raise RequestError(400, f"update metadata says round {meta['round']} but was sent to round {round_number}")
+        want = self.config.compression.codec
+        if meta["codec"] != want:
+            raise RequestError(422, f"update encoded with codec {meta['codec']!r:.40}, this run uses {want!r}")
+        if not 1 <= meta["tokens"] <= self.max_tokens:
+            raise RequestError(422, f"update claims {meta['tokens']} tokens; a round of this run is at most "
+                                    f"{self.max_tokens} (inner.steps x batch_size x block_size)")
+        loss = meta.get("loss")
+        if loss is not None and not (isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss)):
+            raise RequestError(422, f"update metadata 'loss' must be a finite number or null, got {loss!r:.40}")
+        try:
+            update = decode(tensors, meta, expected_shapes=self.shapes)
+            del tensors
+            check_tensors(update, self.spec, what="update")
+        except WireError as error:
+            raise RequestError(422, str(error)) from None
+        return update, meta
+
+    async def submit_update(self, record: WorkerRecord, round_number: int, body: bytes | bytearray) -> dict[str, Any]:
+        nbytes = len(body)
+        try:
+            update, meta = await asyncio.to_thread(self.decode_update, body, round_number)
+        except RequestError as error:
+            self.reject(record, "invalid")
+            log.warning("update from %s for round %d refused (%d): %s", record.id, round_number, error.status, error.message)
+            raise
+        del body
+        async with self._lock:
+            self.precheck_update(record, round_number)  # the round may have closed while we decoded
+            tokens = int(meta["tokens"])
+            try:
+                norm = await asyncio.to_thread(self.aggregator.add, update, tokens)
+            except ValueError as error:  # aggregator's own checks; it is unchanged
+                self.reject(record, "invalid")
+                raise RequestError(422, f"update refused: {error}") from None
+            now = self.clock()
+            seconds = now - max(self.machine.round.opened_at, record.joined_at)
+            loss = meta.get("loss")
+            self.machine.record(Report(record.id, tokens, loss, seconds, nbytes), round_number)
+            record.rounds += 1
+            record.tokens += tokens
+            record.bytes_up += nbytes
+            record.last_round = round_number
+            record.last_loss = loss
+            if record.first_update_round is None:
+                record.first_update_round = round_number
+            train_seconds = meta.get("train_seconds")
+            if isinstance(train_seconds, (int, float)) and not isinstance(train_seconds, bool) and train_seconds > 0:
+                record.tokens_per_s = tokens / train_seconds
+            if loss is not None:
+                record.history = (record.history + [float(loss)])[-50:]
+            self.totals["bytes_in"] += nbytes
+            self.totals["updates_accepted"] += 1
+            self._round_bytes_in += nbytes
+            self.metrics.updates.labels("accepted").inc()
+            self.metrics.bytes_in.inc(nbytes)
+            self.metrics.tokens.inc(tokens)
+            self.metrics.reports.set(len(self.machine.round.reports))
+            self._wake.set()  # the ticker checks whether the round can close now
+            return {"accepted": True, "round": round_number, "norm": norm, "reports": len(self.machine.round.reports)}
+
+    # -- closing a round -----------------------------------------------------------------------------
+    def active_workers(self) -> set[str]:
+        return self.members.active(self.clock(), self.config.rounds.worker_timeout_s)
+
+    async def _maybe_close(self) -> None:
+        """Under the lock: close the open round if its rule says so."""
+        active = self.active_workers()
+        self.metrics.workers_active.set(len(active))
+        reason = self.machine.close_reason(self.clock(), active)
+        if reason is not None:
+            await self._close_round(reason, len(active))
+
+    async def _close_round(self, reason: str, active: int) -> None:
+        current = self.machine.begin_aggregation()
+        t0 = self.clock()
+        try:
+            record = await asyncio.to_thread(self._aggregate_and_persist, current, reason, active)
+        except Exception as error:
+            log.error("round %d: aggregation failed (%s); reopening it without its updates", current.number, error)
+            self.aggregator.reset()
+            self.machine.abort_aggregation()
+            return
+        self.machine.finish(self.clock())
+        self.weights_body = await asyncio.to_thread(self._pack_weights)
+        self._round_bytes_in = 0
+        self.metrics.round.set(self.machine.number)
+        self.metrics.reports.set(0)
+        self.metrics.round_seconds.observe(t0 - current.opened_at)
+        self.metrics.aggregate_seconds.observe(self.clock() - t0)
+        if record.get("train_loss") is not None:
+            self.metrics.train_loss.set(record["train_loss"])
+        log.info("round %d closed (%s): %d updates, %d tokens, train loss %s, val loss %s", current.number, reason,
+                 record["contributors"], record["tokens"], _fmt(record.get("train_loss")), _fmt(record.get("val_loss")))
+        if self.machine.done:
+            log.info("run done: %d rounds", self.machine.number)
+        event, self._round_event = self._round_event, asyncio.Event()
+        event.set()
+
+    def _aggregate_and_persist(self, current, reason: str, active: int) -> dict[str, Any]:
+        """In a thread: outer step, evaluation, history, checkpoint. Raises (state untouched) if the
+        aggregate is unusable; the global weights only change once outer.step has checked it."""
+        pseudo_grad = self.aggregator.result()
+        lr = self.outer.current_lr()
+        self.outer.step(self.weights, pseudo_grad)
+        reports = list(current.reports.values())
+        losses = [(r.loss, r.tokens) for r in reports if r.loss is not None]
+        record: dict[str, Any] = {
+            "round": current.number,
+            "outer_steps": current.number + 1,
+            "reason": reason,
+            "contributors": len(reports),
+            "active": active,
+            "workers": sorted(r.worker_id for r in reports),
+            "tokens": sum(r.tokens for r in reports),
+            "train_loss": sum(l * t for l, t in losses) / sum(t for _, t in losses) if losses else None,
+            "pseudo_grad_norm": global_norm(pseudo_grad),
+            "update_norm_mean": float(np.mean(self.aggregator.norms)),
+            "outer_lr": lr,
+            "bytes_in": self._round_bytes_in,
+            "duration_s": round(self.clock() - current.opened_at, 3),
+            "deadline_s": round(current.deadline_s, 3),
+            "closed_at": self.clock(),
+        }
+        self.aggregator.reset()
+        self._evaluate_into(record)
+        self.history.append(record)
+        try:
+            self._persist_closed_round()
+        except OSError as error:  # the step is taken in memory; the next round's save will retry
+            log.error("round %d: could not write the state directory (%s); a restart now would lose this round",
+                      current.number, error)
+        return record
+
+    def _persist_closed_round(self) -> None:
+        """During aggregation of round r: the state after r's outer step, to resume at round r + 1."""
+        save_round(self.state_dir, round_number=self.machine.number + 1, weights=self.weights,
+                   outer_state=self.outer.state_dict(), history=self.history, config=self.config.model_dump())
+        save_members(self.state_dir, self.members.to_json())
+
+    def _evaluate_into(self, record: dict[str, Any], force: bool = False) -> None:
+        every = self.config.rounds.eval_every
+        if not every or not (force or record["outer_steps"] % every == 0):
+            return
+        try:
+            record["val_loss"] = self.evaluate()
+        except Exception as error:  # evaluation is a nicety; it must never cost a round
+            log.error("evaluation failed: %s", error)
+
+    def evaluate(self) -> float:
+        """Mean loss of the global weights on fixed windows of the val split."""
+        if self._eval_model is None:
+            self._eval_model = GPT(self.model_config)
+            self._eval_model.eval()
+        load_weights(self._eval_model, self.weights)
+        rng = np.random.default_rng(12345)  # the same windows every time: losses comparable across rounds
+        losses = []
+        with engine.no_grad():
+            for _ in range(self.config.rounds.eval_batches):
+                x, y = self.data.val.get_batch(self.config.inner.batch_size, self.config.model.block_size, rng)
+                _, loss = self._eval_model(engine.tensor(x), engine.tensor(y))
+                losses.append(float(loss.item()))
+        return float(np.mean(losses))
+
+    # -- long-poll -----------------------------------------------------------------------------------
+    async def wait_round_end(self, round_number: int, timeout_s: float, record: WorkerRecord | None) -> dict[str, Any]:
+        """Returns when round r has closed, the run is done, timeout_s passed, or at once when the
+        caller's update for the open round r is not counted (a restart lost it: it must upload again)."""
+        deadline = time.monotonic() + timeout_s
+        current = self.machine.round
+        lost = (record is not None and current.number == round_number and current.phase is Phase.OPEN
+                and record.id not in current.reports)
+        while self.machine.number <= round_number and not self.machine.done and not lost:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._round_event.wait(), remaining)
+            except asyncio.TimeoutError:
+                break
+        info = self.round_info(record)
+        info["closed"] = self.machine.number > round_number
+        return info
+
+    # -- status ----------------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        timeout = self.config.rounds.worker_timeout_s
+        current = self.machine.round
+        active = self.members.active(now, timeout)
+        return {
+            "kind": "coordinator",
+            "version": __version__,
+            "uptime_s": round(now - self.started_at, 1),
+            "round": current.number,
+            "phase": current.phase.value,
+            "done": self.machine.done,
+            "max_rounds": self.config.rounds.max_rounds,
+            "open_for_s": round(now - current.opened_at, 1),
+            "deadline_s": round(current.deadline_s, 2),
+            "reports": sorted(current.reports),
+            "active_workers": len(active),
+            "quorum": self.machine.quorum(len(active)),
+            "model": {**asdict(self.model_config), "parameters": self.n_params},
+            "data": self.data.describe(),
+            "compression": self.config.compression.model_dump(),
+            "inner_steps": self.config.inner.steps,
+            "totals": dict(self.totals),
+            "workers": [w.public(now, timeout) for w in self.members.workers.values()],
+            "history": self.history,
+        }
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"

@@ -1,0 +1,691 @@
+"""A peer: trains its replica, serves the peer API, and merges with a few partners every round.
+
+    start_swarm(config, host=..., port=...)   the first peer (`coop swarm start --config run.toml`)
+    join(url, args)                           any later peer, through any live peer (`coop-worker join URL`)
+
+Threads: the main thread trains and merges (`PeerNode.run`); uvicorn serves the API from a daemon
+thread (`coop.gossip.server`); a heartbeat thread exchanges member lists; pushes to partners run
+in a small thread pool. Shared state is guarded by one condition variable, `PeerNode.cond`.
+docs/p2p.md describes the protocol; `coop.gossip.merge` the merge rule shared with `coop simulate`.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+
+import engine
+from coop import __version__
+from coop.diloco import NesterovSGD, aggregate, shapes_of
+from coop.gossip.config import SwarmConfig, gossip_body_limit, load_config
+from coop.gossip.inbox import Inbox, InboxRefusal
+from coop.gossip.membership import Membership
+from coop.gossip.merge import consensus_distance, partners_of, round_rng
+from coop.gossip.payload import (ForeignMessage, MalformedMessage, pack_data, pack_state, pack_update, parse_data,
+                                 parse_state, parse_update)
+from coop.gossip.protocol import (Heartbeat, JoinReply, JoinRequest, LeaveRequest, Member, PeerInfo, RoundRecord,
+                                  Status, UpdateAccepted)
+from coop.gossip.server import PeerError, ServerThread, create_app
+from coop.progress import Progress
+from coop.replica import Replica
+from coop.wire import WireError, spec_of
+from engine.data import CharTokenizer, TokenDataset, default_corpus, encode_corpus_in_memory, tokenizer_from_json
+from engine.nn import GPT
+
+CHUNK = 8 << 20  # upload bodies in 8 MB memoryview slices: httpx is ~6x faster than with one bytes body
+HISTORY = 1000  # rounds kept in the status history
+RETRY_SECONDS = 0.25  # between attempts to deliver an update to a partner that is behind
+
+
+def _chunks(body: bytes) -> Iterator[memoryview]:
+    view = memoryview(body)
+    for start in range(0, len(view), CHUNK):
+        yield view[start : start + CHUNK]
+
+
+def _default_advertise(host: str, port: int) -> str:
+    return f"http://{'127.0.0.1' if host in ('', '0.0.0.0', '::') else host}:{port}"
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host if host not in ("", "::") else "0.0.0.0", 0))
+        return s.getsockname()[1]
+
+
+class PeerNode:
+    """One peer's state and behaviour; the server's routes call the `handle_*` methods."""
+
+    def __init__(self, *, token: str | None, advertise: str, device: str = "cpu", quiet: bool = False,
+                 peer_id: str | None = None, log=None):
+        self.peer_id = peer_id or secrets.token_hex(6)
+        self.token = token or None
+        self.advertise = advertise.rstrip("/")
+        self.device = device
+        self.quiet = quiet
+        self._log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        self.cond = threading.Condition()
+        self.stopping = threading.Event()
+        self.ready = False
+        self.phase = "starting"
+        self.swarm = ""
+        self.config: SwarmConfig | None = None
+        self.round = 0
+        self.membership: Membership | None = None
+        self.inbox = Inbox()
+        self.global_weights: dict[str, np.ndarray] = {}
+        self.outer: NesterovSGD | None = None
+        self.spec: dict = {}
+        self.replica: Replica | None = None
+        self.val_data: TokenDataset | None = None
+        self.data_message = b""
+        # push results of the round being exchanged: peer id -> "accepted" / "stale" / "failed" / "refused"
+        self.push_results: dict[str, str] = {}
+        self.push_rounds: dict[str, int] = {}  # peer id -> receiver's round from a 409
+        self.exchange_round = -1
+        self.history: list[RoundRecord] = []
+        self.last_cd: float | None = None
+        self.last_loss: float | None = None
+        self.last_val: float | None = None
+        self.initial_val: float | None = None
+        self.tokens_per_second = 0.0
+        self.updates_accepted = self.updates_refused = 0
+        self.bytes_sent = self.bytes_received = 0
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-push")
+        self.heartbeat_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-heartbeat")
+        self.server: ServerThread | None = None
+        self.heartbeat_thread: threading.Thread | None = None
+
+    def log(self, message: str) -> None:
+        if not self.quiet:
+            self._log(f"peer {self.peer_id}: {message}")
+
+    # ------------------------------------------------------------------------------------------
+    # Setting up: a new swarm, or joining one.
+
+    def _client(self, timeout: float | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        t = timeout if timeout is not None else (self.config.gossip.request_timeout if self.config else 30.0)
+        return httpx.Client(headers=headers, timeout=t)
+
+    def _build(self, config: SwarmConfig, tokens: np.ndarray, tokenizer_json: str, init: bool) -> None:
+        """Model, replica and data from the config and the swarm's tokens (both kinds of peer)."""
+        tokenizer = tokenizer_from_json(tokenizer_json)
+        data = TokenDataset(tokens, tokenizer.info())
+        train, val = data.split(config.data.val_fraction)
+        if min(len(train), len(val)) < config.model.block_size + 1:
+            raise SystemExit(f"the corpus ({len(data)} tokens) is too small for block_size {config.model.block_size}")
+        model_config = config.gpt_config(tokenizer.vocab_size)
+        engine.manual_seed(config.seed)  # the first peer's initial weights: the same for the same config
+        model = GPT(model_config)
+        # each peer samples its own batches from the whole training split, seeded by its id
+        self.replica = Replica(model_config, train, config.inner_config(), self.device,
+                               seed=int(self.peer_id.encode().hex()[:15], 16) % (2**31), model=model)
+        self.val_data = val
+        self.config = config
+        self.data_message = pack_data(tokens, tokenizer_json)
+        if init:
+            self.global_weights = self.replica.weights()
+            self.outer = config.outer_optimizer()
+        self.spec = spec_of(self.replica.weights())
+
+    def setup_new_swarm(self, config: SwarmConfig) -> None:
+        """The first peer: tokenizes the corpus, initialises the weights, round 0."""
+        if config.data.files:
+            from pathlib import Path
+
+            texts = []
+            for name in config.data.files:
+                if not Path(name).is_file():
+                    raise SystemExit(f"swarm config: data file {name}: no such file")
+                texts.append(Path(name).read_text(encoding="utf-8", errors="replace"))
+            text = "\n".join(texts)
+        else:
+            text = default_corpus(config.data.default_corpus_chars)
+        tokenizer = CharTokenizer.from_text(text)
+        dataset = encode_corpus_in_memory(text, tokenizer)
+        self._build(config, dataset.tokens, tokenizer.to_json(), init=True)
+        with self.cond:
+            self.swarm = secrets.token_hex(8)
+            self.round = 0
+            me = Member(peer_id=self.peer_id, url=self.advertise, active_from=0, round=0)
+            self.membership = Membership(me, config.gossip.dead_after)
+            self.ready = True
+        self.log(f"started swarm {self.swarm} at {self.advertise} "
+                 f"({sum(math.prod(s.shape) for s in self.spec.values()):,} parameters)")
+
+    def setup_from_peer(self, url: str) -> None:
+        """A newcomer: join through `url`, then fetch the data and the current state from it."""
+        url = url.rstrip("/")
+        with self._client(60.0) as client:
+            info = PeerInfo.model_validate(self._get_json(client, f"{url}/v1/info"))
+            reply = JoinReply.model_validate(self._post_json(client, f"{url}/v1/join",
+                                                             JoinRequest(peer_id=self.peer_id, url=self.advertise)))
+            config = SwarmConfig.model_validate(reply.config)
+            data_body = self._get_bytes(client, f"{url}/v1/data")
+            tokens, tokenizer_json = parse_data(data_body, max_bytes=1 << 34)
+            self._build(config, tokens, tokenizer_json, init=False)
+            state_body = self._get_bytes(client, f"{url}/v1/state")
+        limit = 2 * sum(4 * math.prod(s.shape) for s in self.spec.values()) + (1 << 20)
+        round_index, weights, outer_state, _ = parse_state(state_body, self.spec, max_bytes=limit)
+        outer = NesterovSGD()
+        outer.load_state_dict(outer_state)
+        with self.cond:
+            self.swarm = reply.swarm
+            self.global_weights, self.outer = weights, outer
+            self.round = round_index
+            self.inbox.close(round_index - 1) if round_index > 0 else None
+            me = Member(peer_id=self.peer_id, url=self.advertise, active_from=reply.active_from, round=round_index)
+            self.membership = Membership(me, config.gossip.dead_after)
+            self.membership.merge([m for m in reply.members if m.peer_id != self.peer_id])
+            self.membership.heard_from(info.peer_id)
+            self.bytes_received += len(data_body) + len(state_body)
+            self.ready = True
+        self.log(f"joined swarm {reply.swarm} through {url} at round {round_index} (in groups from round "
+                 f"{reply.active_from}); {len(reply.members)} members")
+
+    def _get_json(self, client: httpx.Client, url: str) -> Any:
+        response = client.get(url)
+        self._raise_for(response, url)
+        return response.json()
+
+    def _post_json(self, client: httpx.Client, url: str, message) -> Any:
+        response = client.post(url, content=message.model_dump_json(), headers={"content-type": "application/json"})
+        self._raise_for(response, url)
+        return response.json()
+
+    def _get_bytes(self, client: httpx.Client, url: str) -> bytes:
+        response = client.get(url)
+        self._raise_for(response, url)
+        return response.content
+
+    @staticmethod
+    def _raise_for(response: httpx.Response, url: str) -> None:
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise SystemExit(f"{url} answered {response.status_code}: {detail}")
+
+    # ------------------------------------------------------------------------------------------
+    # What the server's routes call.
+
+    def _require_ready(self) -> None:
+        if not self.ready:
+            raise PeerError(503, "this peer is still starting; retry in a few seconds")
+
+    def count_refused(self) -> None:
+        with self.cond:
+            self.updates_refused += 1
+
+    def update_limit(self) -> int:
+        self._require_ready()
+        return gossip_body_limit(self.config, {n: s.shape for n, s in self.spec.items()})
+
+    def info(self) -> PeerInfo:
+        return PeerInfo(version=__version__, swarm=self.swarm, peer_id=self.peer_id, round=self.round, ready=self.ready)
+
+    def handle_join(self, request: JoinRequest) -> JoinReply:
+        self._require_ready()
+        self._require_running()
+        with self.cond:
+            # in groups from the next round: this round's groups may already be drawn elsewhere
+            active_from = self.round if self.phase in ("starting", "waiting") else self.round + 1
+            known = self.membership.members.get(request.peer_id)
+            if known is not None and known.url == request.url:
+                active_from = known.active_from  # a retried join: the same answer
+            member = Member(peer_id=request.peer_id, url=request.url, active_from=active_from, round=self.round)
+            self.membership.add(member)
+            self.cond.notify_all()
+            self.log(f"{request.peer_id} joined from {request.url} (in groups from round {active_from})")
+            return JoinReply(swarm=self.swarm, peer_id=self.peer_id, round=self.round, active_from=active_from,
+                             config=self.config.model_dump(), members=self.membership.listing())
+
+    def _check_swarm(self, swarm: str) -> None:
+        if swarm != self.swarm:
+            raise PeerError(403, f"message for swarm {swarm!r:.70}, this peer is in swarm {self.swarm!r}")
+
+    def handle_heartbeat(self, heartbeat: Heartbeat) -> Heartbeat:
+        self._require_ready()
+        self._check_swarm(heartbeat.swarm)
+        with self.cond:
+            sender = next((m for m in heartbeat.members if m.peer_id == heartbeat.peer_id), None)
+            if sender is None or sender.url != heartbeat.url:
+                raise PeerError(422, "a heartbeat's member list must include its sender with the sender's url")
+            self.membership.add(sender.model_copy(update={"round": heartbeat.round}))
+            new = self.membership.merge(heartbeat.members)
+            for pid in new:
+                self.log(f"learned of member {pid} from {heartbeat.peer_id}")
+            self.cond.notify_all()
+            return self._heartbeat_message()
+
+    def _heartbeat_message(self) -> Heartbeat:
+        return Heartbeat(swarm=self.swarm, peer_id=self.peer_id, url=self.advertise, round=self.round,
+                         members=self.membership.listing())
+
+    def handle_leave(self, request: LeaveRequest) -> None:
+        self._require_ready()
+        self._check_swarm(request.swarm)
+        with self.cond:
+            if self.membership.remove(request.peer_id):
+                self.log(f"{request.peer_id} left")
+            self.cond.notify_all()
+
+    def state_body(self) -> bytes:
+        self._require_ready()
+        with self.cond:
+            weights = {n: a.copy() for n, a in self.global_weights.items()}
+            outer, round_index = self.outer.state_dict(), self.round
+        body = pack_state(self.swarm, self.peer_id, round_index, weights, outer)
+        with self.cond:
+            self.bytes_sent += len(body)
+        return body
+
+    def data_body(self) -> bytes:
+        self._require_ready()
+        with self.cond:
+            self.bytes_sent += len(self.data_message)
+        return self.data_message
+
+    def _require_running(self) -> None:
+        if self.phase in ("done", "stopped"):
+            raise PeerError(410, f"this peer has {'finished its rounds' if self.phase == 'done' else 'stopped'} "
+                                 "and left the swarm; talk to another peer")
+
+    def precheck_update(self, round_index: int) -> None:
+        """Refuse before reading the body what can be refused on the round alone."""
+        self._require_ready()
+        self._require_running()
+        with self.cond:
+            try:
+                self.inbox.check_round(round_index)
+            except InboxRefusal as refusal:
+                self.updates_refused += 1
+                raise PeerError(refusal.status, refusal.detail, self.inbox.current_round) from None
+
+    def receive_update(self, round_index: int, body: bytes) -> UpdateAccepted:
+        """Check a partner's update completely, then file it; any refusal changes nothing but a counter."""
+        try:
+            update = parse_update(body, self.spec, swarm=self.swarm, round_index=round_index,
+                                  max_bytes=self.update_limit(), require_global=self.config.gossip.mix_weights)
+        except (MalformedMessage, ForeignMessage, WireError) as error:
+            self.count_refused()
+            status = 400 if isinstance(error, MalformedMessage) else 403 if isinstance(error, ForeignMessage) else 422
+            raise PeerError(status, str(error)) from None
+        with self.cond:
+            try:
+                self._require_running()
+                if update.peer_id not in self.membership.members or update.peer_id == self.peer_id:
+                    raise PeerError(403, f"update from {update.peer_id!r:.70}, not a member of this peer's swarm view; "
+                                         "join the swarm first (POST /v1/join)")
+                try:
+                    self.inbox.add(update)
+                except InboxRefusal as refusal:
+                    raise PeerError(refusal.status, refusal.detail, self.inbox.current_round) from None
+            except PeerError:
+                self.updates_refused += 1
+                raise
+            self.membership.heard_from(update.peer_id, round_index)
+            self.updates_accepted += 1
+            self.bytes_received += len(body)
+            self.cond.notify_all()
+            return UpdateAccepted(round=round_index, receiver_round=self.inbox.current_round)
+
+    def status(self) -> Status:
+        with self.cond:
+            members = self.membership.listing() if self.membership else []
+            return Status(swarm=self.swarm, peer_id=self.peer_id, url=self.advertise, phase=self.phase,
+                          round=self.round, rounds=self.config.rounds if self.config else 0, members=members,
+                          consensus_distance=self.last_cd, loss=self.last_loss, val_loss=self.last_val,
+                          initial_val_loss=self.initial_val,
+                          updates_accepted=self.updates_accepted, updates_refused=self.updates_refused,
+                          bytes_sent=self.bytes_sent, bytes_received=self.bytes_received,
+                          tokens_per_second=self.tokens_per_second, history=list(self.history))
+
+    # ------------------------------------------------------------------------------------------
+    # Heartbeats.
+
+    def heartbeat_loop(self) -> None:
+        interval = self.config.gossip.heartbeat_interval
+        while not self.stopping.wait(interval):
+            with self.cond:
+                targets = self.membership.others()
+                message = self._heartbeat_message().model_dump_json()
+            list(self.heartbeat_pool.map(lambda member: self._beat(member, message, max(2 * interval, 1.0)), targets))
+            with self.cond:
+                for pid in self.membership.sweep():
+                    self.log(f"dropped member {pid}: no contact for {self.membership.dead_after:g}s")
+                self.cond.notify_all()
+
+    def _beat(self, member: Member, message: str, timeout: float) -> None:
+        """One heartbeat to one member; its reply counts as contact and brings its member list."""
+        try:
+            with self._client(timeout) as client:  # one client per call: clients are not shared between threads
+                response = client.post(f"{member.url}/v1/heartbeat", content=message,
+                                       headers={"content-type": "application/json"})
+            if response.status_code != 200:
+                return
+            reply = Heartbeat.model_validate_json(response.content)
+        except (httpx.HTTPError, ValueError):
+            return
+        if reply.swarm != self.swarm or reply.peer_id != member.peer_id:
+            return
+        with self.cond:
+            self.membership.heard_from(member.peer_id, reply.round)
+            for pid in self.membership.merge(reply.members):
+                self.log(f"learned of member {pid} from {member.peer_id}")
+
+    # ------------------------------------------------------------------------------------------
+    # One round's exchange and merge.
+
+    def _push_once(self, member: Member, round_index: int, body: bytes) -> tuple[str, int | None]:
+        """One attempt to deliver our update -> (outcome, the receiver's round if it said).
+        Outcomes: accepted; stale (the receiver is past this round); retry (it is behind, does not
+        know us yet, or is busy); refused (anything else: it will not take it); failed (unreachable)."""
+        try:
+            with self._client() as client:
+                response = client.post(f"{member.url}/v1/gossip/{round_index}", content=_chunks(body),
+                                       headers={"content-type": "application/octet-stream",
+                                                "content-length": str(len(body))})
+        except httpx.HTTPError as error:
+            self.log(f"update to {member.peer_id} failed: {type(error).__name__}: {error}")
+            return "failed", None
+        if response.status_code == 200:
+            return "accepted", None
+        try:
+            their_round = response.json().get("round")
+        except (ValueError, AttributeError):
+            their_round = None
+        their_round = their_round if isinstance(their_round, int) else None
+        if response.status_code == 409 and their_round is not None:
+            if their_round > round_index:
+                return "stale", their_round
+            if their_round < round_index:
+                return "retry", their_round  # it is behind: wait until it files this round
+            return "accepted", their_round  # a duplicate: an earlier attempt got through
+        if response.status_code in (403, 503):
+            return "retry", their_round  # it has not heard of us yet (heartbeats spread members), or is busy
+        self.log(f"update to {member.peer_id} refused ({response.status_code}): {response.text[:300]}")
+        return "refused", their_round
+
+    def _push(self, member: Member, round_index: int, body: bytes, deadline: float) -> None:
+        """Deliver our update to one partner, retrying every RETRY_SECONDS while it is behind or
+        does not know us yet, until the exchange's deadline; records the outcome."""
+        while True:
+            outcome, their_round = self._push_once(member, round_index, body)
+            if outcome != "retry":
+                break
+            with self.cond:
+                if (self.exchange_round != round_index or member.peer_id not in self.membership.members
+                        or self.stopping.is_set() or time.monotonic() + RETRY_SECONDS > deadline):
+                    break
+            time.sleep(RETRY_SECONDS)
+        with self.cond:
+            if self.exchange_round == round_index:
+                self.push_results[member.peer_id] = outcome
+                if their_round is not None:
+                    self.push_rounds[member.peer_id] = their_round
+            if outcome == "accepted":
+                self.bytes_sent += len(body)
+                self.membership.heard_from(member.peer_id)
+            self.cond.notify_all()
+
+    def exchange(self, round_index: int, pseudo_gradient: dict[str, np.ndarray], tokens: int, loss: float):
+        """Send our update to our group, wait for theirs (or the timeout), and merge. Returns
+        (partners sent to, updates averaged in, consensus distance, next round)."""
+        gossip = self.config.gossip
+        with self.cond:
+            self.phase = "exchanging"
+            active = self.membership.active(round_index)
+            partners = partners_of(active, self.peer_id, gossip.group_size, round_rng(self.config.seed, round_index))
+            self.exchange_round = round_index
+            self.push_results, self.push_rounds = {}, {}
+            own_weights = self.global_weights
+        body = pack_update(self.swarm, self.peer_id, round_index, tokens, loss, self.config.codec(), pseudo_gradient,
+                           own_weights if gossip.mix_weights else None)
+        deadline = time.monotonic() + gossip.exchange_timeout
+        sent: set[str] = set()
+        with self.cond:
+            while True:
+                # our group, plus anyone who sent us an update for this round (their view of the
+                # members differs from ours): the exchange stays symmetric
+                wanted = (set(partners) | self.inbox.senders(round_index)) - sent - {self.peer_id}
+                for pid in sorted(wanted):
+                    member = self.membership.members.get(pid)
+                    if member is not None:
+                        sent.add(pid)
+                        self.pool.submit(self._push, member, round_index, body, deadline)
+                received = self.inbox.senders(round_index)
+                # waiting for: partners still being sent to, or that took ours and have not sent theirs
+                pending = [pid for pid in sent if pid not in received and pid in self.membership.members
+                           and self.push_results.get(pid) in (None, "accepted")]
+                remaining = deadline - time.monotonic()
+                if not pending or remaining <= 0 or self.stopping.is_set():
+                    break
+                self.cond.wait(min(remaining, 0.5))
+            updates = self.inbox.close(round_index)
+            next_round = max([round_index + 1] + [r for p, r in self.push_rounds.items()
+                                                    if self.push_results.get(p) == "stale"])
+            if next_round > round_index + 1:
+                self.inbox.close(next_round - 1)
+            self.exchange_round = -1
+        if pending:
+            self.log(f"round {round_index}: no update from {sorted(pending)} within {gossip.exchange_timeout:g}s; "
+                     "going on without")
+
+        # merge (rule 2 and 3 of coop.gossip.merge), then the outer step on our own copy
+        averaged = aggregate([pseudo_gradient] + [u.pseudo_gradient for u in updates],
+                             [tokens] + [u.tokens for u in updates])
+        cd = None
+        new_weights = {n: a.copy() for n, a in own_weights.items()}
+        copies = [u.global_weights for u in updates if u.global_weights is not None]
+        if copies:
+            group = [own_weights] + copies
+            cd = consensus_distance(group)
+            for name in new_weights:
+                new_weights[name][...] = np.mean([w[name] for w in group], axis=0, dtype=np.float64)
+        with self.cond:
+            self.outer.step(new_weights, averaged)
+            self.global_weights = new_weights
+            self.round = next_round
+            self.membership.set_my_round(next_round)
+        return sorted(sent), [u.peer_id for u in updates], cd, next_round
+
+    # ------------------------------------------------------------------------------------------
+    # The loop.
+
+    def wait_for_peers(self, count: int) -> None:
+        with self.cond:
+            self.phase = "waiting"
+            if count > 1:
+                self.log(f"waiting for {count - 1} more peer(s) to join before round 0")
+            while len(self.membership.members) < count and not self.stopping.is_set():
+                self.cond.wait(0.5)
+
+    def run(self) -> None:
+        config = self.config
+        progress = Progress(total=config.rounds or 1, start=self.round, quiet=self.quiet)
+        if config.eval_every:  # the starting point, so that "the loss fell" can be read off the status
+            self.replica.load_global(self.global_weights)
+            self.initial_val = self.replica.evaluate(self.val_data, config.eval_batches)
+        while not self.stopping.is_set() and (config.rounds == 0 or self.round < config.rounds):
+            round_index = self.round
+            with self.cond:
+                self.phase = "training"
+                weights = self.global_weights
+            started = time.perf_counter()
+            result = self.replica.run_round(weights, config.inner_steps)
+            train_seconds = time.perf_counter() - started
+            partners, received, cd, next_round = self.exchange(round_index, result.pseudo_gradient, result.tokens,
+                                                               result.mean_loss)
+            val_loss = None
+            if config.eval_every and (round_index + 1) % config.eval_every == 0:
+                self.replica.load_global(self.global_weights)
+                val_loss = self.replica.evaluate(self.val_data, config.eval_batches)
+            record = RoundRecord(round=round_index, loss=result.mean_loss if math.isfinite(result.mean_loss) else None,
+                                 val_loss=val_loss, consensus_distance=cd, partners=partners, received_from=received,
+                                 seconds=time.perf_counter() - started)
+            with self.cond:
+                self.history = (self.history + [record])[-HISTORY:]
+                self.last_loss = record.loss
+                self.last_val = val_loss if val_loss is not None else self.last_val
+                self.last_cd = cd if cd is not None else self.last_cd
+                self.tokens_per_second = result.tokens / max(train_seconds, 1e-9)
+                members = len(self.membership.members)
+                sent, got = self.bytes_sent, self.bytes_received
+            cd_text = f"{cd:.4f}" if cd is not None else "-"
+            val_text = f"  val {val_loss:.3f}" if val_loss is not None else ""
+            progress.update(min(next_round, progress.total), f"round {round_index} loss {result.mean_loss:.3f}{val_text}  "
+                            f"members {members} group {1 + len(received)}/{1 + len(partners)}  cd {cd_text}  "
+                            f"sent {sent / 1e6:.1f} MB recv {got / 1e6:.1f} MB", tokens=result.tokens)
+        with self.cond:
+            self.phase = "done" if not self.stopping.is_set() else "stopped"
+        first = self.initial_val
+        progress.note(f"peer {self.peer_id}: finished at round {self.round}; val loss "
+                      f"{first if first is None else round(first, 3)} -> "
+                      f"{self.last_val if self.last_val is None else round(self.last_val, 3)}; "
+                      f"sent {self.bytes_sent / 1e6:.1f} MB, received {self.bytes_received / 1e6:.1f} MB")
+
+    # ------------------------------------------------------------------------------------------
+    # Lifetime.
+
+    def serve(self, host: str, port: int) -> None:
+        self.server = ServerThread(create_app(self), host, port)
+        self.server.start()
+
+    def start_heartbeats(self) -> None:
+        self.heartbeat_thread = threading.Thread(target=self.heartbeat_loop, name="peer-heartbeat", daemon=True)
+        self.heartbeat_thread.start()
+
+    def leave(self, keep_serving: bool = False) -> None:
+        """Tell the others we are going (best effort), then stop serving (unless `keep_serving`:
+        status and state stay readable, updates and joins get 410)."""
+        self.stopping.set()
+        with self.cond:
+            self.cond.notify_all()
+            others = self.membership.others() if self.membership else []
+            message = LeaveRequest(swarm=self.swarm, peer_id=self.peer_id).model_dump_json()
+        with self._client(2.0) as client:
+            for member in others:
+                try:
+                    client.post(f"{member.url}/v1/leave", content=message, headers={"content-type": "application/json"})
+                except httpx.HTTPError:
+                    pass
+        if self.heartbeat_thread is not None:
+            self.heartbeat_thread.join(5)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.heartbeat_pool.shutdown(wait=False, cancel_futures=True)
+        if self.server is not None and not keep_serving:
+            self.server.stop()
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry points.
+
+
+def _serve_and_run(node: PeerNode, setup, host: str, port: int, wait_peers: int = 1, linger: float = 0.0) -> int:
+    node.serve(host, port)
+    try:
+        setup()
+        node.start_heartbeats()
+        node.wait_for_peers(wait_peers)
+        node.run()
+        node.leave(keep_serving=linger > 0)
+        if linger > 0:  # status and final weights stay readable (GET /v1/status, /v1/state)
+            time.sleep(linger)
+            node.server.stop()
+    except KeyboardInterrupt:
+        node.log("interrupted; leaving the swarm")
+        node.leave()
+        return 130
+    return 0
+
+
+def start_swarm(config: SwarmConfig, *, host: str = "127.0.0.1", port: int = 8500, token: str | None = None,
+                advertise: str | None = None, device: str = "cpu", wait_peers: int = 1, quiet: bool = False,
+                peer_id: str | None = None, linger: float = 0.0) -> int:
+    """Run the first peer of a new swarm until `config.rounds` rounds are done (or Ctrl-C)."""
+    port = port or _free_port(host)
+    node = PeerNode(token=token, advertise=advertise or _default_advertise(host, port), device=device, quiet=quiet,
+                    peer_id=peer_id)
+    return _serve_and_run(node, lambda: node.setup_new_swarm(config), host, port, wait_peers, linger)
+
+
+def join(url: str, args: argparse.Namespace) -> int:
+    """Join the swarm that the peer at `url` is in and train with it (what `coop-worker join URL`
+    calls when URL answers {"kind": "peer"}). Reads from `args`: token, device, host, port,
+    advertise (each optional)."""
+    host = getattr(args, "host", None) or "127.0.0.1"
+    port = getattr(args, "port", None) or _free_port(host)
+    advertise = getattr(args, "advertise", None) or _default_advertise(host, port)
+    node = PeerNode(token=getattr(args, "token", None), advertise=advertise, device=getattr(args, "device", None) or "cpu",
+                    quiet=bool(getattr(args, "quiet", False)), peer_id=getattr(args, "peer_id", None))
+    return _serve_and_run(node, lambda: node.setup_from_peer(url), host, port,
+                          linger=float(getattr(args, "linger", 0) or 0))
+
+
+def _add_peer_options(parser: argparse.ArgumentParser, default_port: int | None) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all interfaces)")
+    parser.add_argument("--port", type=int, default=default_port, help="port to listen on (default: %(default)s; "
+                        "none: a free one)")
+    parser.add_argument("--advertise", help="URL the other peers reach this peer at (default http://HOST:PORT)")
+    parser.add_argument("--token", help="the swarm token (every peer of the swarm uses the same one)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--peer-id", help="this peer's id (default: 12 random hex digits)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument("--linger", type=float, default=0.0, help="after the last round, leave the swarm but keep "
+                        "serving status and weights for this many seconds")
+
+
+def build_start_parser(prog: str = "coop swarm start") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Start a peer-to-peer swarm: this process is its first "
+                                     "peer; others join with `coop-worker join http://THIS-HOST:PORT`.")
+    parser.add_argument("--config", help="run config (.toml, .yaml or .json; see docs/p2p.md); default: a tiny GPT")
+    parser.add_argument("--wait-peers", type=int, default=1, help="start round 0 once this many peers (this one "
+                        "included) are in the swarm (default: %(default)s, start at once)")
+    _add_peer_options(parser, 8500)
+    return parser
+
+
+def start_main(argv: list[str] | None = None) -> int:
+    """`coop swarm start [--config run.toml] [--port 8500] [--token T] [--wait-peers N]`."""
+    args = build_start_parser().parse_args(argv)
+    config = load_config(args.config) if args.config else SwarmConfig()
+    return start_swarm(config, host=args.host, port=args.port, token=args.token, advertise=args.advertise,
+                       device=args.device, wait_peers=args.wait_peers, quiet=args.quiet, peer_id=args.peer_id,
+                       linger=args.linger)
+
+
+def join_main(argv: list[str] | None = None) -> int:
+    """`python -m coop.gossip.peer join URL [--port P] [--token T]` (what `coop-worker join` does for a peer URL)."""
+    parser = argparse.ArgumentParser(prog="coop-worker join", description="Join a swarm through any live peer.")
+    parser.add_argument("url", help="any live peer of the swarm, e.g. http://10.0.0.5:8500")
+    _add_peer_options(parser, None)
+    args = parser.parse_args(argv)
+    return join(args.url, args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "start":
+        return start_main(argv[1:])
+    if argv and argv[0] == "join":
+        return join_main(argv[1:])
+    print("usage: python -m coop.gossip.peer start [--config run.toml] ... | join URL ...", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

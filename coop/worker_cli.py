@@ -1,0 +1,139 @@
+"""`coop-worker join URL`: lend this machine to a coop training run.
+
+URL may be a coordinator (`coop-coordinator serve`) or any peer of a peer-to-peer run: the
+worker asks `GET URL/v1/info` what it is talking to and behaves accordingly.
+
+    coop-worker join http://HOST:8000 --token SECRET --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from coop import __version__
+
+
+def add_shared_options(parser: argparse.ArgumentParser) -> None:
+    """The options a worker has whether it joins a coordinator or a peer."""
+    parser.add_argument("url", help="the coordinator's or a peer's address, e.g. http://10.0.0.5:8000")
+    parser.add_argument("--token", default=None, help="the run's access token (default: $COOP_TOKEN)")
+    parser.add_argument("--name", default=socket.gethostname(), help="shown on the status page (default: hostname)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="keep downloaded data shards here (default: $COOP_CACHE or ~/.cache/coop; 'none' to disable)")
+    parser.add_argument("--max-rounds", type=int, default=None, help="leave after contributing this many rounds")
+    parser.add_argument("--retry-for", type=float, default=900.0, metavar="SECONDS",
+                        help="keep retrying an unreachable server for this long before giving up (default: 900)")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="for one download or upload (default: 600)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    peer = parser.add_argument_group("peer-to-peer runs (used only when URL is a peer: this worker serves too)")
+    peer.add_argument("--host", default=None, help="address this peer listens on (default: 127.0.0.1; 0.0.0.0 for all)")
+    peer.add_argument("--port", type=int, default=None, help="port this peer listens on (default: a free one)")
+    peer.add_argument("--advertise", default=None, help="URL other peers reach this one at (default: http://HOST:PORT)")
+    peer.add_argument("--peer-id", default=None, help="this peer's id (default: random)")
+    peer.add_argument("--linger", type=float, default=0.0,
+                      help="after the last round, keep serving status and weights this many seconds (default: 0)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="coop-worker", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"coop {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    join = sub.add_parser("join", help="join a run (coordinator or peer) and train until it ends")
+    add_shared_options(join)
+    join.set_defaults(run=join_command)
+    return parser
+
+
+def server_info(url: str, retry_for_s: float) -> dict:
+    """GET URL/v1/info, retrying while the server is not up yet."""
+    deadline = time.monotonic() + retry_for_s
+    delay = 0.25
+    while True:
+        try:
+            response = httpx.get(url.rstrip("/") + "/v1/info", timeout=10.0, follow_redirects=True)
+            if response.status_code == 200:
+                info = response.json()
+                if isinstance(info, dict) and info.get("kind") in ("coordinator", "peer"):
+                    return info
+                raise SystemExit(f"coop-worker: {url} answered /v1/info with {info!r:.200}; is it a coop server?")
+            problem = f"HTTP {response.status_code}"
+            if response.status_code not in (502, 503, 504):
+                raise SystemExit(f"coop-worker: {url}/v1/info -> {problem}; is it a coop server (coordinator or peer)?")
+        except (httpx.TransportError, ValueError) as error:
+            problem = f"{type(error).__name__}: {error}"
+        if time.monotonic() > deadline:
+            raise SystemExit(f"coop-worker: cannot reach {url} ({problem}); is the server running and the address right?")
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
+
+
+def _cache_dir(args) -> Path | None:
+    if args.cache_dir is not None:
+        return None if str(args.cache_dir).lower() == "none" else args.cache_dir
+    if os.environ.get("COOP_CACHE"):
+        return Path(os.environ["COOP_CACHE"])
+    return Path.home() / ".cache" / "coop"
+
+
+def _sigterm_as_interrupt(signum, frame):  # docker stop / kubectl delete: leave cleanly like Ctrl-C
+    raise KeyboardInterrupt
+
+
+def join_command(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args.token = args.token or os.environ.get("COOP_TOKEN")
+    if args.device.startswith("cuda"):
+        import engine
+
+        if not engine.cuda.is_available():
+            print(f"coop-worker: --device {args.device} but CUDA is not available: "
+                  f"{engine.cuda.unavailable_reason()}", file=sys.stderr)
+            return 2
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        info = server_info(args.url, args.retry_for)
+    except KeyboardInterrupt:
+        return 130
+    if info["kind"] == "peer":
+        try:
+            peer = importlib.import_module("coop.gossip.peer")
+        except ModuleNotFoundError as error:
+            if error.name not in ("coop.gossip", "coop.gossip.peer"):
+                raise
+            print(f"coop-worker: {args.url} is a peer of a peer-to-peer run, but this coop has no peer mode "
+                  "(coop.gossip.peer is missing); install a coop with it", file=sys.stderr)
+            return 2
+        return int(peer.join(args.url, args) or 0)
+
+    from .worker import WorkerOptions, run_worker
+
+    options = WorkerOptions(url=args.url, token=args.token, name=args.name, device=args.device,
+                            cache_dir=_cache_dir(args), max_rounds=args.max_rounds, retry_for_s=args.retry_for,
+                            timeout_s=args.timeout, quiet=args.quiet)
+    return run_worker(options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 1
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+// Softmax and log-softmax over the last axis (forward, backward), and cross-entropy fused with
+// its backward: the forward keeps only each row's logsumexp, the backward rebuilds softmax - onehot.
+#include "common.cuh"
+#include "ops.h"
+
+namespace engine {
+namespace {
+
+// running (max, sum of exp(x - max)) pairs, merged across threads
+struct MaxSum {
+    float m, s;
+};
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+    float m = fmaxf(a.m, b.m);
+    if (m == -INFINITY) return {m, 0.f};
+    return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
+}
+__device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        MaxSum w{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+        v = merge(v, w);
+    }
+    return v;
+}
+__device__ MaxSum block_merge(MaxSum v) {
+    __shared__ float sm[32], ss[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_merge(v);
+    __syncthreads();
+    if (lane == 0) { sm[warp] = v.m; ss[warp] = v.s; }
+    __syncthreads();
+    MaxSum r = lane < nw ? MaxSum{sm[lane], ss[lane]} : MaxSum{-INFINITY, 0.f};
+    return warp_merge(r);
+}
+__device__ __forceinline__ MaxSum add_value(MaxSum a, float x) {
+    if (x == -INFINITY) return a;  // a masked entry adds nothing (and -inf - -inf would be NaN)
+    if (x > a.m) return {x, a.s * __expf(a.m - x) + 1.f};
+    return {a.m, a.s + __expf(x - a.m)};
+}
+
+// x (N, L) -> out (N, L); one warp (blockDim 32) or one block per row
+__global__ void softmax_forward_kernel(float* __restrict__ out, const float* __restrict__ x, int64_t L, bool log) {
+    int64_t row = blockIdx.x;
+    const float* xr = x + row * L;
+    float* o = out + row * L;
+    MaxSum ms{-INFINITY, 0.f};
+    for (int64_t j = threadIdx.x; j < L; j += blockDim.x) ms = add_value(ms, xr[j]);
+    ms = blockDim.x == 32 ? warp_merge(ms) : block_merge(ms);
+    if (log) {
+        float lse = ms.m + logf(ms.s);
+        for (int64_t j = threadIdx.x; j < L; j += blockDim.x) o[j] = xr[j] - lse;
+    } else {
+        float inv = 1.f / ms.s;
+        for (int64_t j = threadIdx.x; j < L; j += blockDim.x) o[j] = expf(xr[j] - ms.m) * inv;
+    }
+}
+
+// softmax: dx = y (g - sum(g y));  log_softmax: dx = g - exp(y) sum(g)
+__global__ void softmax_backward_kernel(float* __restrict__ dx, const float* __restrict__ y, const float* __restrict__ g,
+                                        int64_t L, bool log) {
+    __shared__ float shared[32];
+    int64_t row = blockIdx.x;
+    const float* yr = y + row * L;
+    const float* gr = g + row * L;
+    float* d = dx + row * L;
+    float s = 0.f;
+    for (int64_t j = threadIdx.x; j < L; j += blockDim.x) s += log ? gr[j] : gr[j] * yr[j];
+    s = blockDim.x == 32 ? warp_sum(s) : block_sum(s, shared);
+    if (log)
+        for (int64_t j = threadIdx.x; j < L; j += blockDim.x) d[j] = gr[j] - expf(yr[j]) * s;
+    else
+        for (int64_t j = threadIdx.x; j < L; j += blockDim.x) d[j] = yr[j] * (gr[j] - s);
+}
+
+// logits (N, V), targets (N,) -> losses (N,) (0 where ignored), lse (N,)
+__global__ void cross_entropy_forward_kernel(float* __restrict__ losses, float* __restrict__ lse,
+                                             const float* __restrict__ logits, const int64_t* __restrict__ targets,
+                                             int64_t V, int64_t ignore_index) {
+    int64_t row = blockIdx.x;
+    const float* xr = logits + row * V;
+    MaxSum ms{-INFINITY, 0.f};
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) ms = add_value(ms, xr[j]);
+    ms = blockDim.x == 32 ? warp_merge(ms) : block_merge(ms);
+    if (threadIdx.x == 0) {
+        float l = ms.m + logf(ms.s);
+        lse[row] = l;
+        int64_t t = targets[row];
+        if (t == ignore_index) losses[row] = 0.f;
+        else if (t < 0 || t >= V) losses[row] = NAN;  // out-of-range target: visible, no host sync to raise
+        else losses[row] = l - xr[t];
+    }
+}
+
+// dlogits (N, V) = (exp(logits - lse) - onehot(target)) * g[row]; 0 on ignored rows
+__global__ void cross_entropy_backward_kernel(float* __restrict__ dlogits, const float* __restrict__ logits,
+                                              const int64_t* __restrict__ targets, const float* __restrict__ lse,
+                                              const float* __restrict__ g, int64_t V, int64_t ignore_index) {
+    int64_t row = blockIdx.x;
+    const float* xr = logits + row * V;
+    float* d = dlogits + row * V;
+    int64_t t = targets[row];
+    float gr = t == ignore_index ? 0.f : g[row];
+    float l = lse[row];
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+        float p = expf(xr[j] - l);
+        d[j] = (p - (j == t ? 1.f : 0.f)) * gr;
+    }
+}
+
+int threads_for(int64_t L) {
+    if (L <= 256) return 32;
+    if (L <= 2048) return 128;
+    return 512;
+}
+
+}  // namespace
+
+void softmax_forward(int device, float* out, const float* x, int64_t N, int64_t L, bool log) {
+    if (N == 0 || L == 0) return;
+    use_device(device);
+    softmax_forward_kernel<<<(unsigned)N, threads_for(L), 0, stream(device)>>>(out, x, L, log);
+    check_launch(log ? "log_softmax" : "softmax");
+}
+
+void softmax_backward(int device, float* dx, const float* y, const float* g, int64_t N, int64_t L, bool log) {
+    if (N == 0 || L == 0) return;
+    use_device(device);
+    softmax_backward_kernel<<<(unsigned)N, threads_for(L), 0, stream(device)>>>(dx, y, g, L, log);
+    check_launch(log ? "log_softmax_backward" : "softmax_backward");
+}
+
+void cross_entropy_forward(int device, float* losses, float* lse, const float* logits, const int64_t* targets,
+                           int64_t N, int64_t V, int64_t ignore_index) {
+    if (N == 0) return;
+    use_device(device);
+    cross_entropy_forward_kernel<<<(unsigned)N, threads_for(V), 0, stream(device)>>>(losses, lse, logits, targets, V,
+                                                                                     ignore_index);
+    check_launch("cross_entropy");
+}
+
+void cross_entropy_backward(int device, float* dlogits, const float* logits, const int64_t* targets, const float* lse,
+                            const float* g, int64_t N, int64_t V, int64_t ignore_index) {
+    if (N == 0) return;
+    use_device(device);
+    cross_entropy_backward_kernel<<<(unsigned)N, threads_for(V), 0, stream(device)>>>(dlogits, logits, targets, lse, g,
+                                                                                      V, ignore_index);
+    check_launch("cross_entropy_backward");
+}
+
+}  // namespace engine

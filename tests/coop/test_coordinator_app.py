@@ -1,0 +1,176 @@
+"""The coordinator in-process (FastAPI TestClient): auth, updates, rounds, persistence, resume."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from coop.codec import get_codec
+from coop.coordinator.app import create_app
+from coop.coordinator.config import RunConfig
+from coop.coordinator.members import Members
+from coop.coordinator.service import Coordinator
+from coop.coordinator.state import load_run
+from coop.wire import pack, unpack
+
+TINY = {
+    "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16},
+    "data": {"default_chars": 60_000, "shards": 2},
+    "inner": {"steps": 2, "batch_size": 4},
+    "rounds": {"max_rounds": 3, "min_workers": 2, "quorum_fraction": 1.0, "eval_batches": 2,
+               "worker_timeout_s": 60, "heartbeat_s": 5},
+}
+
+
+def tiny(**sections) -> RunConfig:
+    raw = {k: dict(v) for k, v in TINY.items()}
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return RunConfig.model_validate(raw)
+
+
+@pytest.fixture
+def make(tmp_path):
+    clients = []
+
+    def make_client(config=None, token="tok", state_dir=None):
+        coordinator = Coordinator(config if config is not None else tiny(), state_dir or tmp_path / "state", token)
+        client = TestClient(create_app(coordinator))
+        client.__enter__()  # runs the lifespan (the round ticker)
+        clients.append(client)
+        return coordinator, client
+
+    yield make_client
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+def join(client, token="tok", name="w"):
+    response = client.post("/v1/join", json={"name": name}, headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 200, response.text
+    info = response.json()
+    return info, {"Authorization": f"Bearer {info['worker_token']}"}
+
+
+def update_body(coordinator, round_number, value=0.01, tokens=32, codec="fp32"):
+    update = {k: np.full(v.shape, value, np.float32) for k, v in coordinator.weights.items()}
+    encoded = get_codec(codec).encode(update)
+    return pack(encoded.tensors, {**encoded.metadata, "round": round_number, "tokens": tokens, "loss": 2.5})
+
+
+def test_info_is_open_and_says_coordinator(make):
+    _, client = make()
+    info = client.get("/v1/info").json()
+    assert info["kind"] == "coordinator" and info["auth"] is True and info["round"] == 0
+
+
+def test_join_needs_the_run_token_and_gives_worker_tokens(make):
+    coordinator, client = make()
+    assert client.post("/v1/join", json={}).status_code == 401
+    assert client.post("/v1/join", json={}, headers={"Authorization": "Bearer nope"}).status_code == 401
+    info, auth = join(client)
+    assert info["worker_id"] == "w0" and info["model"]["vocab_size"] == coordinator.data.vocab_size
+    assert info["inner"]["block_size"] == 16 and info["inner_steps"] == 2
+    other, _ = join(client)
+    assert other["shard"]["index"] != info["shard"]["index"]  # shards spread over workers
+    assert client.post("/v1/heartbeat", headers=auth).json()["round"] == 0
+    assert client.post("/v1/join", json={"name": "x" * 100}, headers={"Authorization": "Bearer tok"}).status_code == 422
+
+
+def test_weights_etag_and_shard(make):
+    coordinator, client = make()
+    _, auth = join(client)
+    response = client.get("/v1/weights", headers=auth)
+    assert response.headers["etag"] == '"r0"'
+    tensors, meta = unpack(response.content)
+    assert meta["round"] == 0 and all(np.array_equal(tensors[k], v) for k, v in coordinator.weights.items())
+    assert client.get("/v1/weights", headers={**auth, "If-None-Match": '"r0"'}).status_code == 304
+    assert client.get("/v1/weights").status_code == 401  # a run token is set: no anonymous downloads
+    tokens, meta = unpack(client.get("/v1/shard", headers=auth).content)
+    assert tokens["tokens"].dtype == np.uint16 and meta["index"] == 0 and len(tokens["tokens"]) == meta["tokens"]
+
+
+def test_a_round_closes_applies_the_outer_step_and_persists(make, tmp_path):
+    coordinator, client = make()
+    (_, a), (_, b) = join(client), join(client)
+    before = {k: v.copy() for k, v in coordinator.weights.items()}
+    assert client.put("/v1/rounds/0/update", content=update_body(coordinator, 0, 0.01, 32), headers=a).status_code == 200
+    assert coordinator.machine.number == 0  # min_workers 2: still open
+    assert client.put("/v1/rounds/0/update", content=update_body(coordinator, 0, 0.03, 96), headers=b).status_code == 200
+    assert client.get("/v1/rounds/0/wait", params={"timeout_s": 5}, headers=a).json()["closed"]
+    mean = (0.01 * 32 + 0.03 * 96) / 128  # weighted by tokens
+    k = next(iter(before))
+    np.testing.assert_allclose(coordinator.weights[k], before[k] - 0.7 * (mean + 0.9 * mean), rtol=1e-5, atol=1e-7)
+    saved = load_run(tmp_path / "state")
+    assert saved.round == 1 and np.array_equal(saved.weights[k], coordinator.weights[k])
+    assert saved.outer_state["step_count"] == 1 and saved.history[-1]["contributors"] == 2
+    assert saved.history[-1]["train_loss"] == pytest.approx(2.5)
+    assert {w["id"] for w in saved.members["workers"]} == {"w0", "w1"}
+    status = client.get("/v1/status", headers=a).json()
+    assert status["round"] == 1 and status["totals"]["updates_accepted"] == 2
+    page = client.get("/")
+    assert page.status_code == 200 and "<svg" in page.text
+    assert "coop_round 1.0" in client.get("/metrics").text
+
+
+def test_bad_updates_are_refused_and_change_nothing(make):
+    coordinator, client = make(tiny(rounds={"min_workers": 1}))
+    _, auth = join(client)
+    _, other = join(client)
+    weights = {k: v.copy() for k, v in coordinator.weights.items()}
+    limit = coordinator.max_update_bytes
+    good = update_body(coordinator, 0)
+    cases = {
+        401: [("/v1/rounds/0/update", good, {"Authorization": "Bearer w0.bad"})],
+        400: [("/v1/rounds/0/update", b"garbage", auth), ("/v1/rounds/0/update", good[:-3], auth)],
+        413: [("/v1/rounds/0/update", b"x" * (limit + 1), auth)],
+        422: [("/v1/rounds/0/update", update_body(coordinator, 0, codec="int8"), auth),
+              ("/v1/rounds/0/update", update_body(coordinator, 0, tokens=10**9), auth)],
+        409: [("/v1/rounds/1/update", good, auth)],
+    }
+    for status, requests in cases.items():
+        for path, body, headers in requests:
+            response = client.put(path, content=body, headers=headers)
+            assert response.status_code == status, (status, response.text)
+            assert coordinator.machine.round.reports == {} and coordinator.aggregator.count == 0
+    assert all(np.array_equal(weights[k], v) for k, v in coordinator.weights.items())
+    assert client.put("/v1/rounds/0/update", content=good, headers=auth).status_code == 200
+    assert client.post("/v1/leave", headers=other).json()["left"]
+    assert client.post("/v1/heartbeat", headers=other).status_code == 401  # its token is dead
+
+
+def test_resume_from_the_state_directory(make, tmp_path):
+    coordinator, client = make()
+    info, a = join(client)
+    _, b = join(client)
+    client.put("/v1/rounds/0/update", content=update_body(coordinator, 0), headers=a)
+    client.put("/v1/rounds/0/update", content=update_body(coordinator, 0), headers=b)
+    assert client.get("/v1/rounds/0/wait", params={"timeout_s": 5}, headers=a).json()["closed"]
+    weights = {k: v.copy() for k, v in coordinator.weights.items()}
+    momentum = {k: v.copy() for k, v in coordinator.outer.momentum_buffer.items()}
+
+    resumed, client2 = make(None, state_dir=tmp_path / "state")  # None: the config saved with the run
+    assert resumed.machine.number == 1 and resumed.outer.step_count == 1
+    assert all(np.array_equal(weights[k], v) for k, v in resumed.weights.items())
+    assert all(np.array_equal(momentum[k], v) for k, v in resumed.outer.momentum_buffer.items())
+    assert len(resumed.history) == 2  # the initial evaluation and round 0
+    assert client2.post("/v1/heartbeat", headers=a).json()["round"] == 1  # worker tokens survive a restart
+    with pytest.raises(ValueError, match="another model"):
+        Coordinator(tiny(model={"n_layer": 2}), tmp_path / "state", "tok")
+
+
+def test_no_state_and_no_config_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="holds no run"):
+        Coordinator(None, tmp_path / "empty")
+
+
+def test_members_tokens_are_digests_and_checked_in_constant_time():
+    members = Members(shard_count=3)
+    record, token = members.join("a", "cpu", now=0.0, round_number=0)
+    assert token.startswith("w0.") and token.split(".", 1)[1] not in str(members.to_json())
+    assert members.authenticate(token) is record
+    assert members.authenticate("w0.wrong") is None and members.authenticate("w7.x") is None
+    assert members.authenticate("nodot") is None
+    restored = Members.from_json(members.to_json(), now=5.0)
+    assert restored.authenticate(token).id == "w0"
+    assert [members.join(str(i), "cpu", 0.0, 0)[0].shard for i in range(3)] == [1, 2, 0]

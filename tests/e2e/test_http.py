@@ -1,0 +1,265 @@
+"""HTTP mode end to end: a real coordinator process, real worker processes (or light clients in
+threads that send real encoded updates), on 127.0.0.1, killed and restarted for real."""
+from __future__ import annotations
+
+import hashlib
+import signal
+import threading
+
+import httpx
+import numpy as np
+import pytest
+
+from coop.codec import get_codec
+from coop.coordinator.state import load_run
+from coop.wire import pack, unpack
+
+from conftest import Coordinator, Worker, run_config
+
+pytestmark = pytest.mark.e2e
+
+
+class Client:
+    """A light worker: joins, downloads weights, sends hand-made updates."""
+
+    def __init__(self, coordinator: Coordinator, name: str = "client"):
+        self.url = coordinator.url
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+        response = self.http.post("/v1/join", json={"name": name}, headers=coordinator.headers())
+        assert response.status_code == 200, response.text
+        self.info = response.json()
+        self.token = self.info["worker_token"]
+        self.auth = {"Authorization": f"Bearer {self.token}"}
+
+    def weights(self) -> tuple[int, dict[str, np.ndarray]]:
+        response = self.http.get("/v1/weights", headers=self.auth)
+        assert response.status_code == 200, response.text
+        tensors, meta = unpack(response.content)
+        assert meta["round"] == int(response.headers["X-Coop-Round"])
+        return meta["round"], tensors
+
+    def body(self, update: dict[str, np.ndarray], round_number: int, tokens: int = 100, codec: str = "fp32",
+             **meta) -> bytes:
+        encoded = get_codec(codec).encode(update)
+        return pack(encoded.tensors, {**encoded.metadata, "round": round_number, "tokens": tokens, "loss": 1.0, **meta})
+
+    def put(self, round_number: int, body: bytes, token: str | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token or self.token}", "Content-Type": "application/octet-stream"}
+        return self.http.put(f"/v1/rounds/{round_number}/update", content=body, headers=headers)
+
+    def wait(self, round_number: int) -> dict:
+        response = self.http.get(f"/v1/rounds/{round_number}/wait", params={"timeout_s": 30}, headers=self.auth)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+
+def val_losses(status: dict) -> list[float]:
+    return [h["val_loss"] for h in status["history"] if h.get("val_loss") is not None]
+
+
+def closed_rounds(status: dict) -> list[int]:
+    return [h["round"] for h in status["history"] if h.get("round") is not None]
+
+
+def test_two_workers_train_and_the_global_loss_falls(tmp_path, procs):
+    coordinator = procs(Coordinator(tmp_path, run_config(rounds={"max_rounds": 8, "min_workers": 2})))
+    workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2)]
+    status = coordinator.wait_status(lambda s: s["done"], 90, "8 rounds", [w.log for w in workers])
+    assert closed_rounds(status) == list(range(8))
+    assert all(h["contributors"] == 2 for h in status["history"] if h.get("round") is not None)
+    losses = val_losses(status)
+    assert len(losses) == 9  # before round 0, then after each round
+    assert losses[-1] < losses[0] - 0.5, losses
+    for worker in workers:
+        assert worker.wait(30) == 0, worker.output()
+        assert "done: 8 rounds contributed" in worker.output()
+    page = httpx.get(coordinator.url + "/")  # no token needed for the page and the metrics
+    assert page.status_code == 200 and "<svg" in page.text and "worker1" in page.text
+    metrics = httpx.get(coordinator.url + "/metrics").text
+    assert "coop_round 8.0" in metrics and 'coop_updates_total{result="accepted"} 16.0' in metrics
+
+
+def test_a_worker_killed_mid_round_does_not_stop_the_run(tmp_path, procs):
+    coordinator = procs(Coordinator(tmp_path, run_config(rounds={"max_rounds": 10}, inner={"steps": 20})))
+    workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(3)]
+    logs = [w.log for w in workers]
+    coordinator.wait_status(lambda s: s["round"] >= 2 and len(s["reports"]) < 3, 60, "round 2 in progress", logs)
+    workers[0].kill(signal.SIGKILL)
+    status = coordinator.wait_status(lambda s: s["done"], 90, "the run to finish without worker0", logs)
+    assert closed_rounds(status) == list(range(10))
+    killed = next(w for w in status["workers"] if w["name"] == "worker0")
+    last = status["history"][-1]
+    assert last["contributors"] == 2 and killed["id"] not in last["workers"]
+    assert not killed["active"]
+    for worker in workers[1:]:
+        assert worker.wait(30) == 0, worker.output()
+
+
+def test_coordinator_killed_and_restarted_carries_on(tmp_path, procs):
+    config = run_config(rounds={"max_rounds": 12, "min_workers": 2}, inner={"steps": 10})
+    coordinator = procs(Coordinator(tmp_path, config))
+    workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2)]
+    logs = [w.log for w in workers]
+    coordinator.wait_status(lambda s: s["round"] >= 4, 60, "round 4", logs)
+    coordinator.kill(signal.SIGKILL)
+    saved = load_run(coordinator.state_dir)  # the state directory is readable right after a SIGKILL
+    assert saved is not None and saved.round >= 4
+    assert [h["round"] for h in saved.history if h["round"] is not None] == list(range(saved.round))
+    weights_before = {k: v.copy() for k, v in saved.weights.items()}
+
+    coordinator.start()  # same port, same state directory; the workers were retrying meanwhile
+    status = coordinator.status()
+    assert status["round"] >= saved.round  # resumed at the last completed round (workers may already push on)
+    assert closed_rounds(status)[: saved.round] == list(range(saved.round))
+    if status["round"] == saved.round:
+        response = httpx.get(coordinator.url + "/v1/weights", headers=coordinator.headers())
+        tensors, meta = unpack(response.content)
+        if meta["round"] == saved.round:
+            assert all(np.array_equal(tensors[k], weights_before[k]) for k in tensors)
+
+    status = coordinator.wait_status(lambda s: s["done"], 90, "the run to finish after the restart", logs)
+    assert closed_rounds(status) == list(range(12))
+    # the same two workers carried on with their tokens: nobody had to join again
+    assert sorted(w["id"] for w in status["workers"]) == ["w0", "w1"]
+    after = [h for h in status["history"] if h.get("round") is not None and h["round"] >= saved.round]
+    assert after and all(set(h["workers"]) == {"w0", "w1"} for h in after)
+    assert "resumed" in coordinator.output()
+    for worker in workers:
+        assert worker.wait(30) == 0, worker.output()
+
+
+def test_a_late_joiner_starts_from_the_current_weights(tmp_path, procs):
+    config = run_config(rounds={"max_rounds": 12, "quorum_fraction": 1.0, "worker_timeout_s": 5.0})
+    coordinator = procs(Coordinator(tmp_path, config))
+    first = procs(Worker(tmp_path, coordinator, "early"))
+    coordinator.wait_status(lambda s: s["round"] >= 4, 60, "round 4", [first.log])
+    late = procs(Worker(tmp_path, coordinator, "late"))
+    status = coordinator.wait_status(lambda s: s["done"], 90, "the run to finish", [first.log, late.log])
+    record = next(w for w in status["workers"] if w["name"] == "late")
+    assert record["joined_round"] >= 4
+    # its first update was for the round it joined in, and none was refused: it trained from the
+    # current global weights, not from a fresh model
+    assert record["first_update_round"] == record["joined_round"]
+    assert record["rejected"] == 0 and record["rounds"] == 12 - record["joined_round"]
+    assert f"at round {record['joined_round']}" in late.output()
+    assert late.wait(30) == 0 and first.wait(30) == 0
+
+
+def test_bad_requests_get_the_right_4xx_and_change_nothing(tmp_path, procs):
+    coordinator = procs(Coordinator(tmp_path, run_config(rounds={"min_workers": 2, "quorum_fraction": 1.0,
+                                                                 "worker_timeout_s": 60, "heartbeat_s": 5})))
+    url = coordinator.url
+    assert httpx.post(url + "/v1/join", json={}).status_code == 401  # no token
+    assert httpx.post(url + "/v1/join", json={}, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(url + "/v1/status").status_code == 401
+    a, b = Client(coordinator, "a"), Client(coordinator, "b")
+    round_number, weights = a.weights()
+    assert round_number == 0
+    zeros = {k: np.zeros_like(v) for k, v in weights.items()}
+
+    def snapshot():
+        status = coordinator.status()
+        body = httpx.get(url + "/v1/weights", headers=a.auth).content
+        return (status["round"], status["phase"], tuple(status["reports"]), status["totals"]["updates_accepted"],
+                hashlib.sha256(body).hexdigest())
+
+    before = snapshot()
+    good = a.body({k: v + 0.01 for k, v in zeros.items()}, 0)
+    limit = a.info["max_update_bytes"]
+
+    nan = {k: v.copy() for k, v in zeros.items()}
+    first = next(iter(nan))
+    nan[first].reshape(-1)[0] = np.nan
+    nan_body = pack(nan, {"codec": "fp32", "options": {}, "shapes": {k: list(v.shape) for k, v in nan.items()},
+                          "round": 0, "tokens": 100})
+    wrong_shape = dict(zeros)
+    wrong_shape[first] = np.zeros((3, 3), np.float32)
+    missing = dict(zeros)
+    del missing[first]
+    float64 = {k: v.astype(np.float64) for k, v in zeros.items()}
+    float64_body = pack(float64, {"codec": "fp32", "options": {}, "shapes": {k: list(v.shape) for k, v in zeros.items()},
+                                  "round": 0, "tokens": 100})
+    cases = [
+        ("wrong worker token", a.put(0, good, token="w0.not-the-secret"), 401),
+        ("no such worker", a.put(0, good, token="w99.x"), 401),
+        ("run token is not a worker token", a.put(0, good, token=coordinator.token), 401),
+        ("malformed body", a.put(0, b"this is not safetensors at all"), 400),
+        ("truncated body", a.put(0, good[: len(good) // 2]), 400),
+        ("wrong shapes", a.put(0, a.body(wrong_shape, 0)), 422),
+        ("missing tensor", a.put(0, a.body(missing, 0)), 422),
+        ("wrong dtype", a.put(0, float64_body), 422),
+        ("wrong codec", a.put(0, a.body(zeros, 0, codec="int8")), 422),
+        ("NaN values", a.put(0, nan_body), 422),
+        ("too many tokens claimed", a.put(0, a.body(zeros, 0, tokens=10**9)), 422),
+        ("metadata round differs from the URL", a.put(0, a.body(zeros, 3)), 400),
+        ("oversize body", a.put(0, b"\0" * (limit + 1)), 413),
+        ("a round that is not open yet", a.put(5, good), 409),
+    ]
+    for what, response, expected in cases:
+        assert response.status_code == expected, f"{what}: {response.status_code} {response.text}"
+        assert response.json()["detail"], what  # a message that says what went wrong
+        assert snapshot() == before, f"{what} changed the coordinator's state"
+
+    accepted = a.put(0, good)
+    assert accepted.status_code == 200 and accepted.json()["accepted"]
+    duplicate = a.put(0, good)
+    assert duplicate.status_code == 409 and duplicate.json()["reason"] == "duplicate"
+    assert coordinator.status()["reports"] == [a.info["worker_id"]]
+    assert b.put(0, b.body(zeros, 0)).status_code == 200  # both reported: round 0 closes
+    assert a.wait(0)["closed"]
+    after_close = snapshot()
+    assert after_close[0] == 1 and after_close[4] != before[4]
+    stale = a.put(0, good)
+    assert stale.status_code == 409 and stale.json()["reason"] == "closed" and stale.json()["current_round"] == 1
+    assert snapshot() == after_close
+    status = coordinator.status()
+    assert status["totals"]["updates_accepted"] == 2
+    assert status["totals"]["updates_rejected"] == len(cases) - 3 + 2  # the 401s are not counted as updates
+    # the accepted update moved the weights by exactly the token-weighted mean (outer Nesterov, step 1)
+    _, new = a.weights()
+    mean = 0.01 * 100 / 200
+    k = next(iter(new))
+    expected = weights[k] - 0.7 * (mean + 0.9 * mean)
+    np.testing.assert_allclose(new[k], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_sixteen_concurrent_workers_lose_no_update(tmp_path, procs):
+    rounds = 3
+    config = run_config(outer={"lr": 1.0, "momentum": 0.0, "nesterov": False},
+                        rounds={"max_rounds": rounds, "min_workers": 16, "quorum_fraction": 1.0,
+                                "worker_timeout_s": 60, "heartbeat_s": 5, "eval_every": 0},
+                        limits={"concurrent_uploads": 4})
+    coordinator = procs(Coordinator(tmp_path, config))
+    clients = [Client(coordinator, f"c{i}") for i in range(16)]
+    _, initial = clients[0].weights()
+    errors: list[BaseException] = []
+
+    def work(i: int, client: Client) -> None:
+        try:
+            for r in range(rounds):
+                round_number, weights = client.weights()
+                assert round_number == r
+                update = {k: np.full_like(v, (i + 1) * 1e-3) for k, v in weights.items()}
+                response = client.put(r, client.body(update, r, tokens=(i + 1) * 10))
+                assert response.status_code == 200, response.text
+                assert client.wait(r)["closed"]
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i, c)) for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    status = coordinator.status()
+    assert status["done"] and status["totals"]["updates_accepted"] == 16 * rounds
+    tokens = [(i + 1) * 10 for i in range(16)]
+    for h in status["history"]:
+        if h.get("round") is not None:
+            assert h["contributors"] == 16 and h["tokens"] == sum(tokens)
+    # plain averaging: every round moves every weight by the token-weighted mean of the 16 updates
+    mean = sum((i + 1) * 1e-3 * t for i, t in enumerate(tokens)) / sum(tokens)
+    _, final = clients[0].weights()
+    for k, v in final.items():
+        np.testing.assert_allclose(v, initial[k] - rounds * mean, rtol=1e-5, atol=2e-6)

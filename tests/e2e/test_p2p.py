@@ -1,0 +1,204 @@
+"""Peer-to-peer mode end to end: real peer processes on 127.0.0.1 train a tiny GPT by gossip.
+
+One swarm serves the whole module (tests run in file order): four peers start together; bad
+messages are refused; one peer is SIGKILLed and dropped while the rest carry on; a newcomer joins
+mid-run through a peer other than the first and catches up; at the end the loss has fallen and the
+peers' weights agree (bounded consensus distance).
+"""
+from __future__ import annotations
+
+import math
+
+import httpx
+import numpy as np
+import pytest
+
+from coop.codec import get_codec
+from coop.gossip.merge import consensus_distance
+from coop.gossip.payload import pack_update, parse_state
+from coop.wire import TensorSpec, pack, unpack
+
+from p2p_helpers import PeerProcess, wait_until
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "e2e-swarm-token"
+ROUNDS = 60
+CONFIG = f"""
+inner_steps = 10
+rounds = {ROUNDS}
+eval_every = 4
+eval_batches = 8
+seed = 3
+[model]
+n_layer = 1
+n_head = 2
+n_embd = 32
+block_size = 32
+[outer]
+lr = 0.7
+momentum = 0.0
+nesterov = false
+[gossip]
+group_size = 2
+exchange_timeout = 8
+heartbeat_interval = 0.5
+dead_after = 3
+[data]
+default_corpus_chars = 100000
+"""
+
+
+class Swarm:
+    def __init__(self, tmp_path):
+        self.dir = tmp_path
+        (tmp_path / "run.toml").write_text(CONFIG)
+        self.peers: dict[str, PeerProcess] = {}
+
+    def start(self, name: str, wait_peers: int) -> PeerProcess:
+        peer = PeerProcess(name, ["start", "--config", str(self.dir / "run.toml"), "--wait-peers", str(wait_peers),
+                                  "--linger", "120"], self.dir, TOKEN)
+        self.peers[name] = peer
+        return peer
+
+    def join(self, name: str, through: PeerProcess) -> PeerProcess:
+        peer = PeerProcess(name, ["join", through.url, "--linger", "120"], self.dir, TOKEN)
+        self.peers[name] = peer
+        return peer
+
+    def all(self) -> list[PeerProcess]:
+        return list(self.peers.values())
+
+    def wait(self, condition, timeout, what):
+        return wait_until(condition, timeout, what, self.all())
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    s = Swarm(tmp_path_factory.mktemp("swarm"))
+    first = s.start("peer0", wait_peers=4)
+    s.wait(first.status, 60, "the first peer to serve")
+    for name in ("peer1", "peer2", "peer3"):
+        s.join(name, first)
+    try:
+        yield s
+    finally:
+        for peer in s.all():
+            peer.stop()
+
+
+def rounds_of(swarm, names):
+    statuses = [swarm.peers[n].status() for n in names]
+    return None if any(st is None for st in statuses) else [st["round"] for st in statuses]
+
+
+def test_peers_find_each_other_and_train(swarm):
+    names = ["peer0", "peer1", "peer2", "peer3"]
+    def everyone_in():
+        statuses = [swarm.peers[n].status() for n in names]
+        return all(st and {m["peer_id"] for m in st["members"]} == set(names) and st["round"] >= 2 for st in statuses)
+    swarm.wait(everyone_in, 90, "four peers that all know each other past round 2")
+    history = swarm.peers["peer0"].status()["history"]
+    assert any(h["received_from"] for h in history), history  # updates were exchanged
+
+
+def test_bad_messages_are_refused(swarm):
+    target = swarm.peers["peer1"]
+    url = f"{target.url}/v1/gossip"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    tensors, meta = unpack(target.state())
+    weights = {n[len("global/"):]: a for n, a in tensors.items() if n.startswith("global/")}
+    swarm_id = meta["swarm"]
+    delta = {n: np.zeros_like(a) for n, a in weights.items()}
+
+    def update(peer_id="peer0", round_index=None, d=delta, w=weights, sw=swarm_id):
+        return lambda r: pack_update(sw, peer_id, r if round_index is None else round_index, 100, 1.0,
+                                     get_codec("fp32"), d, w)
+
+    name = sorted(weights)[0]
+    nan_delta = dict(delta, **{name: np.full_like(delta[name], np.nan)})
+    def nan_body(r):
+        return pack({"delta/" + n: a for n, a in nan_delta.items()} | {"global/" + n: a for n, a in weights.items()},
+                    {"swarm": swarm_id, "peer_id": "peer0", "round": r, "tokens": 1,
+                     "codec": {"codec": "fp32", "options": {}, "shapes": {n: list(a.shape) for n, a in weights.items()}}})
+    # bodies are made for a round just ahead of the target's just before they are sent (the swarm keeps going)
+    cases = [
+        ("wrong token", update(), {"Authorization": "Bearer nope"}, 401),
+        ("no token", update(), {}, 401),
+        ("malformed body", lambda r: b"\x00garbage" * 10, auth, 400),
+        ("wrong shapes", update(d=dict(delta, **{name: np.zeros((2, 2), np.float32)})), auth, 422),
+        ("NaN values", nan_body, auth, 422),
+        ("oversize body", lambda r: b"\x00" * (64 << 20), auth, 413),
+        ("stale round", update(round_index=0), auth, 409),
+        ("unknown sender", update(peer_id="stranger"), auth, 403),
+        ("another swarm", update(sw="0000"), auth, 403),
+    ]
+    before = target.status()
+    for what, make_body, headers, expected in cases:
+        # two rounds ahead: still filed (the window) if the target moves on while the body travels
+        round_index = 0 if what == "stale round" else target.status()["round"] + 2
+        response = httpx.post(f"{url}/{round_index}", content=make_body(round_index), headers=headers, timeout=30)
+        assert response.status_code == expected, (what, response.status_code, response.text)
+        assert response.json()["detail"], what
+    after = target.status()
+    assert after["updates_refused"] >= before["updates_refused"] + len(cases)
+    # the peer is unharmed: it keeps training, and its weights are finite
+    swarm.wait(lambda: (target.status() or {}).get("round", 0) >= after["round"] + 1, 60, "peer1 to go on training")
+    tensors, _ = unpack(target.state())
+    assert all(np.isfinite(a).all() for a in tensors.values())
+
+
+def test_killed_peer_is_dropped_and_the_rest_carry_on(swarm):
+    victim = swarm.peers["peer3"]
+    victim.kill()
+    survivors = ["peer0", "peer1", "peer2"]
+    def dropped():
+        statuses = [swarm.peers[n].status() for n in survivors]
+        return all(st and "peer3" not in {m["peer_id"] for m in st["members"]} for st in statuses) and statuses
+    statuses = swarm.wait(dropped, 30, "the survivors to drop the killed peer")
+    start = [st["round"] for st in statuses]
+    swarm.wait(lambda: (r := rounds_of(swarm, survivors)) and all(a >= b + 2 for a, b in zip(r, start)), 90,
+               "the survivors to finish two more rounds")
+
+
+def test_newcomer_joins_through_any_peer_and_catches_up(swarm):
+    entry = swarm.peers["peer2"]  # not the peer that started the swarm
+    newcomer = swarm.join("peer4", entry)
+    joined = swarm.wait(lambda: (st := newcomer.status()) and st["phase"] in ("training", "exchanging", "done") and st,
+                        60, "the newcomer to join")
+    entry_round = entry.status()["round"]
+    assert joined["round"] >= entry_round - 2  # it started from the current round, not round 0
+    assert joined["initial_val_loss"] < swarm.peers["peer0"].status()["initial_val_loss"] - 0.3  # trained weights
+    swarm.wait(lambda: any(h["received_from"] for h in (newcomer.status() or {"history": []})["history"]), 60,
+               "the newcomer to average with a partner")
+    for name in ("peer0", "peer1", "peer2"):  # and the others know it
+        swarm.wait(lambda: "peer4" in {m["peer_id"] for m in swarm.peers[name].status()["members"]}, 20,
+                   f"{name} to learn of the newcomer")
+
+
+def test_loss_falls_and_consensus_stays_bounded(swarm):
+    names = ["peer0", "peer1", "peer2", "peer4"]
+    statuses = swarm.wait(lambda: (sts := [swarm.peers[n].status() for n in names]) and
+                          all(st and st["phase"] == "done" for st in sts) and sts, 150, "every peer to finish")
+    for st in statuses:
+        assert st["round"] == ROUNDS, st["peer_id"]
+        if st["peer_id"] != "peer4":  # the newcomer started from trained weights
+            assert st["val_loss"] < st["initial_val_loss"] - 0.8, (st["peer_id"], st["initial_val_loss"], st["val_loss"])
+        group_cds = [h["consensus_distance"] for h in st["history"] if h["consensus_distance"] is not None]
+        assert group_cds and all(math.isfinite(c) for c in group_cds)
+    spec = None
+    finals = []
+    for name in names:
+        body = swarm.peers[name].state()
+        tensors, _ = unpack(body)
+        spec = spec or {n[len("global/"):]: TensorSpec(a.shape, a.dtype) for n, a in tensors.items()
+                        if n.startswith("global/")}
+        finals.append(parse_state(body, spec, 1 << 26)[1])
+    mean_norm = math.sqrt(sum(float((np.mean([f[n] for f in finals], axis=0).astype(np.float64) ** 2).sum())
+                              for n in spec))
+    cd = consensus_distance(finals)
+    print(f"final consensus distance {cd:.4f}, weights norm {mean_norm:.2f}; "
+          f"val loss {[round(st['val_loss'], 3) for st in statuses]}")
+    assert cd < 0.05 * mean_norm, (cd, mean_norm)
+    newcomer_val = statuses[-1]["val_loss"]
+    assert abs(newcomer_val - statuses[0]["val_loss"]) < 0.3  # the newcomer caught up
