@@ -27,7 +27,7 @@ def _flops_per_token(nparams: int, c: dict) -> float:
     return 6 * nparams + 12 * c["L"] * c["T"] * c["D"]
 
 
-def bench_engine(name: str, steps: int, warmup: int) -> dict:
+def bench_engine(name: str, steps: int, warmup: int, profile: bool = False) -> dict:
     import numpy as np
 
     import engine
@@ -58,13 +58,46 @@ def bench_engine(name: str, steps: int, warmup: int) -> dict:
     t0 = time.perf_counter()
     for _ in range(steps):
         loss = step()
+    t_host = time.perf_counter()  # the host has queued every step; the GPU may still be working
     engine.cuda.synchronize()
     dt = (time.perf_counter() - t0) / steps
     toks = c["B"] * c["T"] / dt
-    return dict(config=name, impl="engine", mode="fp32_tf32", params=nparams, ms_per_step=round(dt * 1e3, 3),
-                tokens_per_s=round(toks), tflops=round(_flops_per_token(nparams, c) * toks / 1e12, 2),
-                peak_mem_gb=round(engine.cuda.max_memory_allocated() / 1e9, 2), loss_after_warmup=round(first_loss, 4),
-                loss=round(loss.item(), 4))
+    out = dict(config=name, impl="engine", mode="fp32_tf32", params=nparams, ms_per_step=round(dt * 1e3, 3),
+               host_ms_per_step=round((t_host - t0) / steps * 1e3, 3), tokens_per_s=round(toks),
+               tflops=round(_flops_per_token(nparams, c) * toks / 1e12, 2),
+               peak_mem_gb=round(engine.cuda.max_memory_allocated() / 1e9, 2), loss_after_warmup=round(first_loss, 4),
+               loss=round(loss.item(), 4))
+    if profile:
+        out["profile_top_kernels"] = _profile(step, 3)
+    return out
+
+
+def _profile(step, n: int, top: int = 25) -> list:
+    """The kernels taking the most GPU time over `n` steps (torch.profiler sees every kernel of the process)."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        return []
+    import engine
+
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                step()
+            engine.cuda.synchronize()
+    except Exception as e:  # a CPU-only torch has no CUDA activity
+        return [dict(error=repr(e)[:200])]
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0)
+        if t > 0:
+            rows.append(dict(kernel=e.key[:120], ms_per_step=round(t / n / 1e3, 3), calls_per_step=e.count / n))
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    total = sum(r["ms_per_step"] for r in rows)
+    return [dict(kernel="TOTAL", ms_per_step=round(total, 3))] + rows[:top]
 
 
 def torch_model(c: dict):
@@ -152,6 +185,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
+    ap.add_argument("--profile", action="store_true", help="add engine's top kernels by GPU time (needs torch)")
     args = ap.parse_args(argv)
 
     import engine
@@ -169,7 +203,7 @@ def main(argv=None) -> int:
             pass
     for name in args.configs:
         try:
-            ours = bench_engine(name, args.steps, args.warmup)
+            ours = bench_engine(name, args.steps, args.warmup, args.profile)
         except Exception as e:  # one config failing (e.g. out of memory) should not hide the other
             ours = dict(config=name, impl="engine", error=repr(e)[:500])
         print(json.dumps(ours), flush=True)

@@ -80,21 +80,22 @@ class SimulateConfig:
     # what to run and show
     baseline: list[str] = field(default_factory=list)  # "ddp", "single"
     no_diloco: bool = False
-    tag: str = ""  # appended to run names, to tell runs apart in one report
+    tag: str = ""  # appended to run names (diloco-fp32-TAG), to tell runs apart in one report
     eval_batches: int = 10
     plot: bool = True
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        bad = [f"--{n} {v!r}" for n, v, ok in [
-            ("split", self.split, self.split in ("iid", "contiguous")),
-            ("topology", self.topology, self.topology in ("star", "gossip")),
-            ("weight-by", self.weight_by, self.weight_by in ("tokens", "equal")),
-            ("baseline", self.baseline, set(self.baseline) <= {"ddp", "single"}),
-            ("replicas", self.replicas, self.replicas >= 1), ("inner-steps", self.inner_steps, self.inner_steps >= 1),
-            ("drop-prob", self.drop_prob, 0 <= self.drop_prob < 1)] if not ok]
+        checks = [("split", self.split, self.split in ("iid", "contiguous"), "iid or contiguous"),
+                  ("topology", self.topology, self.topology in ("star", "gossip"), "star or gossip"),
+                  ("weight-by", self.weight_by, self.weight_by in ("tokens", "equal"), "tokens or equal"),
+                  ("baseline", self.baseline, set(self.baseline) <= {"ddp", "single"}, "ddp and/or single"),
+                  ("replicas", self.replicas, self.replicas >= 1, "at least 1"),
+                  ("inner-steps", self.inner_steps, self.inner_steps >= 1, "at least 1"),
+                  ("drop-prob", self.drop_prob, 0 <= self.drop_prob < 1, "in [0, 1)")]
+        bad = [f"--{name} {value!r} (expected {expected})" for name, value, ok, expected in checks if not ok]
         if bad:
-            raise ValueError(f"coop simulate: bad option(s) {', '.join(bad)}; see coop simulate --help")
+            raise ValueError(f"coop simulate: bad option(s): {'; '.join(bad)}")
         if self.rounds is not None and self.tokens is not None:
             raise ValueError("coop simulate: give --rounds or --tokens, not both")
         for name in [*self.compression, self.downlink]:
@@ -347,7 +348,7 @@ def run_diloco(setup: Setup, codec_name: str, jsonl: Path | None = None) -> RunR
     codecs = [codec_for(cfg, codec_name) for _ in range(n)]  # one per sender: top-k keeps its residual
     topology = TOPOLOGIES[cfg.topology](setup)
     churn = np.random.default_rng([cfg.seed, 7])
-    name = f"{'diloco' if cfg.topology == 'star' else cfg.topology}-{codec_name}{cfg.tag}"
+    name = f"{'diloco' if cfg.topology == 'star' else cfg.topology}-{codec_name}" + (f"-{cfg.tag}" if cfg.tag else "")
     rec = report.RunLog(name, n, R, jsonl, cfg.quiet)
     version, holds = 0, {i: 0 for i in range(n) if joins.get(i, 0) == 0}  # replica -> merge it holds
     for r in range(R):
@@ -407,7 +408,8 @@ def run_baseline(setup: Setup, kind: str, jsonl: Path | None = None) -> RunResul
     else:
         model = new_replica(setup, setup.train, inner_config(cfg, cfg.batch_size, n * R * K), data_seed(cfg.seed, -1))
         steps_per_point, bytes_per_step = n * K, 0
-    rec = report.RunLog(kind + cfg.tag, n, R, jsonl, cfg.quiet)
+    name = kind + (f"-{cfg.tag}" if cfg.tag else "")
+    rec = report.RunLog(name, n, R, jsonl, cfg.quiet)
     for r in range(R):
         losses = engine.stack([model.train_step() for _ in range(steps_per_point)]).numpy()
         for i in range(n):
@@ -415,7 +417,7 @@ def run_baseline(setup: Setup, kind: str, jsonl: Path | None = None) -> RunResul
             rec.received[i] += bytes_per_step * steps_per_point
         rec.point(r + 1, (r + 1) * steps_per_point, float(np.mean(losses)), evaluate(setup, model.weights()),
                   steps_per_point * model.inner.batch_size * cfg.block_size, list(range(n)) if kind == "ddp" else [0])
-    return RunResult(kind + cfg.tag, rec.records, model.weights())
+    return RunResult(name, rec.records, model.weights())
 
 
 def simulate(cfg: SimulateConfig, log=print) -> list[RunResult]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import time
@@ -25,7 +26,8 @@ from coop import __version__
 from coop.codec import decode
 from coop.diloco import Aggregator, NesterovSGD, global_norm, shapes_of
 from coop.replica import load_weights, weights_of
-from coop.wire import WireError, check_metadata, check_tensors, pack, spec_of, unpack
+from coop import wire
+from coop.wire import WireError, check_metadata, check_tensors, pack, spec_of
 
 from .config import RunConfig, default_update_limit
 from .data import RunData, prepare_data
@@ -250,7 +252,7 @@ class Coordinator:
         """Bytes -> checked float32 update and its metadata. Raises RequestError 400 (malformed)
         or 422 (well-formed but not an update of this model). Pure: touches no state."""
         try:
-            tensors, meta = unpack(body, self.max_update_bytes)
+            tensors, meta = unpack_views(body, self.max_update_bytes)
         except WireError as error:
             raise RequestError(400, f"malformed update body: {error}") from None
         try:
@@ -469,6 +471,37 @@ class Coordinator:
             "workers": [w.public(now, timeout) for w in self.members.workers.values()],
             "history": self.history,
         }
+
+
+def unpack_views(body: bytearray, max_bytes: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """`coop.wire.unpack` without its copies: the same header checks (wire's own), then arrays
+    that are views into `body`. For a 0.5 GB fp32 update this saves three copies and ~1.8 s of a
+    2-core machine per update, and the memory of those copies. (A candidate for coop.wire.)"""
+    view = memoryview(body).cast("B")
+    size = view.nbytes
+    if size > max_bytes:
+        raise WireError(f"message is {size} bytes, the limit is {max_bytes}")
+    if size < 8:
+        raise WireError(f"message is {size} bytes, too short for the 8-byte safetensors length prefix (truncated?)")
+    header_len = int.from_bytes(view[:8], "little")
+    if header_len > wire.MAX_HEADER_BYTES or 8 + header_len > size:
+        raise WireError(f"safetensors header claims {header_len} bytes; the message has {size - 8} after the prefix")
+    try:
+        header = json.loads(bytes(view[8 : 8 + header_len]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise WireError(f"safetensors header is not UTF-8 JSON: {error}") from error
+    if not isinstance(header, dict):
+        raise WireError(f"safetensors header must be a JSON object, got {type(header).__name__}")
+    metadata = wire._parse_metadata(header.pop("__metadata__", None))
+    wire._check_layout(header, size - 8 - header_len)  # dtypes, shapes and offsets tile the data exactly
+    base = 8 + header_len
+    tensors = {}
+    for name, entry in header.items():
+        dtype = wire._DTYPE_OF_TAG[entry["dtype"]]
+        begin = entry["data_offsets"][0]
+        count = math.prod(entry["shape"])
+        tensors[name] = np.frombuffer(body, dtype=dtype, count=count, offset=base + begin).reshape(entry["shape"])
+    return tensors, metadata
 
 
 def _fmt(value: float | None) -> str:

@@ -35,7 +35,7 @@ class ModelSection(_Section):
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
 
     @model_validator(mode="after")
-    def _heads_divide_width(self) -> "ModelSection":
+    def _heads_divide_width(self) -> ModelSection:
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
         return self
@@ -78,7 +78,7 @@ class GossipSection(_Section):
     dead_after: float = Field(5.0, gt=0, le=3600, description="seconds without contact before a member is dropped")
 
     @model_validator(mode="after")
-    def _check(self) -> "GossipSection":
+    def _check(self) -> GossipSection:
         get_codec(self.codec, **self.codec_options)  # raises ValueError on an unknown codec or bad options
         if self.dead_after <= self.heartbeat_interval:
             raise ValueError(f"dead_after ({self.dead_after}s) must exceed heartbeat_interval ({self.heartbeat_interval}s)")

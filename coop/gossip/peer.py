@@ -12,33 +12,44 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import secrets
 import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import numpy as np
 
 import engine
-from coop import __version__
-from coop.diloco import NesterovSGD, aggregate, shapes_of
-from coop.gossip.config import SwarmConfig, gossip_body_limit, load_config
-from coop.gossip.inbox import Inbox, InboxRefusal
+from coop.diloco import NesterovSGD, aggregate
+from coop.gossip.config import SwarmConfig
 from coop.gossip.membership import Membership
 from coop.gossip.merge import consensus_distance, partners_of, round_rng
-from coop.gossip.payload import (ForeignMessage, MalformedMessage, pack_data, pack_state, pack_update, parse_data,
-                                 parse_state, parse_update)
-from coop.gossip.protocol import (Heartbeat, JoinReply, JoinRequest, LeaveRequest, Member, PeerInfo, RoundRecord,
-                                  Status, UpdateAccepted)
-from coop.gossip.server import PeerError, ServerThread, create_app
+from coop.gossip.node import PeerState
+from coop.gossip.payload import pack_data, pack_update, parse_data, parse_state
+from coop.gossip.protocol import (
+    Heartbeat,
+    JoinReply,
+    JoinRequest,
+    LeaveRequest,
+    Member,
+    PeerInfo,
+    RoundRecord,
+)
+from coop.gossip.server import ServerThread, create_app
 from coop.progress import Progress
 from coop.replica import Replica
-from coop.wire import WireError, spec_of
-from engine.data import CharTokenizer, TokenDataset, default_corpus, encode_corpus_in_memory, tokenizer_from_json
+from coop.wire import spec_of
+from engine.data import (
+    CharTokenizer,
+    TokenDataset,
+    default_corpus,
+    encode_corpus_in_memory,
+    tokenizer_from_json,
+)
 from engine.nn import GPT
 
 CHUNK = 8 << 20  # upload bodies in 8 MB memoryview slices: httpx is ~6x faster than with one bytes body
@@ -64,52 +75,8 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-class PeerNode:
-    """One peer's state and behaviour; the server's routes call the `handle_*` methods."""
-
-    def __init__(self, *, token: str | None, advertise: str, device: str = "cpu", quiet: bool = False,
-                 peer_id: str | None = None, log=None):
-        self.peer_id = peer_id or secrets.token_hex(6)
-        self.token = token or None
-        self.advertise = advertise.rstrip("/")
-        self.device = device
-        self.quiet = quiet
-        self._log = log or (lambda message: print(message, file=sys.stderr, flush=True))
-        self.cond = threading.Condition()
-        self.stopping = threading.Event()
-        self.ready = False
-        self.phase = "starting"
-        self.swarm = ""
-        self.config: SwarmConfig | None = None
-        self.round = 0
-        self.membership: Membership | None = None
-        self.inbox = Inbox()
-        self.global_weights: dict[str, np.ndarray] = {}
-        self.outer: NesterovSGD | None = None
-        self.spec: dict = {}
-        self.replica: Replica | None = None
-        self.val_data: TokenDataset | None = None
-        self.data_message = b""
-        # push results of the round being exchanged: peer id -> "accepted" / "stale" / "failed" / "refused"
-        self.push_results: dict[str, str] = {}
-        self.push_rounds: dict[str, int] = {}  # peer id -> receiver's round from a 409
-        self.exchange_round = -1
-        self.history: list[RoundRecord] = []
-        self.last_cd: float | None = None
-        self.last_loss: float | None = None
-        self.last_val: float | None = None
-        self.initial_val: float | None = None
-        self.tokens_per_second = 0.0
-        self.updates_accepted = self.updates_refused = 0
-        self.bytes_sent = self.bytes_received = 0
-        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-push")
-        self.heartbeat_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-heartbeat")
-        self.server: ServerThread | None = None
-        self.heartbeat_thread: threading.Thread | None = None
-
-    def log(self, message: str) -> None:
-        if not self.quiet:
-            self._log(f"peer {self.peer_id}: {message}")
+class PeerNode(PeerState):
+    """A peer that trains: joins or starts a swarm, sends heartbeats, trains and merges each round."""
 
     # ------------------------------------------------------------------------------------------
     # Setting up: a new swarm, or joining one.
@@ -220,141 +187,6 @@ class PeerNode:
             raise SystemExit(f"{url} answered {response.status_code}: {detail}")
 
     # ------------------------------------------------------------------------------------------
-    # What the server's routes call.
-
-    def _require_ready(self) -> None:
-        if not self.ready:
-            raise PeerError(503, "this peer is still starting; retry in a few seconds")
-
-    def count_refused(self) -> None:
-        with self.cond:
-            self.updates_refused += 1
-
-    def update_limit(self) -> int:
-        self._require_ready()
-        return gossip_body_limit(self.config, {n: s.shape for n, s in self.spec.items()})
-
-    def info(self) -> PeerInfo:
-        return PeerInfo(version=__version__, swarm=self.swarm, peer_id=self.peer_id, round=self.round, ready=self.ready)
-
-    def handle_join(self, request: JoinRequest) -> JoinReply:
-        self._require_ready()
-        self._require_running()
-        with self.cond:
-            # in groups from the next round: this round's groups may already be drawn elsewhere
-            active_from = self.round if self.phase in ("starting", "waiting") else self.round + 1
-            known = self.membership.members.get(request.peer_id)
-            if known is not None and known.url == request.url:
-                active_from = known.active_from  # a retried join: the same answer
-            member = Member(peer_id=request.peer_id, url=request.url, active_from=active_from, round=self.round)
-            self.membership.add(member)
-            self.cond.notify_all()
-            self.log(f"{request.peer_id} joined from {request.url} (in groups from round {active_from})")
-            return JoinReply(swarm=self.swarm, peer_id=self.peer_id, round=self.round, active_from=active_from,
-                             config=self.config.model_dump(), members=self.membership.listing())
-
-    def _check_swarm(self, swarm: str) -> None:
-        if swarm != self.swarm:
-            raise PeerError(403, f"message for swarm {swarm!r:.70}, this peer is in swarm {self.swarm!r}")
-
-    def handle_heartbeat(self, heartbeat: Heartbeat) -> Heartbeat:
-        self._require_ready()
-        self._check_swarm(heartbeat.swarm)
-        with self.cond:
-            sender = next((m for m in heartbeat.members if m.peer_id == heartbeat.peer_id), None)
-            if sender is None or sender.url != heartbeat.url:
-                raise PeerError(422, "a heartbeat's member list must include its sender with the sender's url")
-            self.membership.add(sender.model_copy(update={"round": heartbeat.round}))
-            new = self.membership.merge(heartbeat.members)
-            for pid in new:
-                self.log(f"learned of member {pid} from {heartbeat.peer_id}")
-            self.cond.notify_all()
-            return self._heartbeat_message()
-
-    def _heartbeat_message(self) -> Heartbeat:
-        return Heartbeat(swarm=self.swarm, peer_id=self.peer_id, url=self.advertise, round=self.round,
-                         members=self.membership.listing())
-
-    def handle_leave(self, request: LeaveRequest) -> None:
-        self._require_ready()
-        self._check_swarm(request.swarm)
-        with self.cond:
-            if self.membership.remove(request.peer_id):
-                self.log(f"{request.peer_id} left")
-            self.cond.notify_all()
-
-    def state_body(self) -> bytes:
-        self._require_ready()
-        with self.cond:
-            weights = {n: a.copy() for n, a in self.global_weights.items()}
-            outer, round_index = self.outer.state_dict(), self.round
-        body = pack_state(self.swarm, self.peer_id, round_index, weights, outer)
-        with self.cond:
-            self.bytes_sent += len(body)
-        return body
-
-    def data_body(self) -> bytes:
-        self._require_ready()
-        with self.cond:
-            self.bytes_sent += len(self.data_message)
-        return self.data_message
-
-    def _require_running(self) -> None:
-        if self.phase in ("done", "stopped"):
-            raise PeerError(410, f"this peer has {'finished its rounds' if self.phase == 'done' else 'stopped'} "
-                                 "and left the swarm; talk to another peer")
-
-    def precheck_update(self, round_index: int) -> None:
-        """Refuse before reading the body what can be refused on the round alone."""
-        self._require_ready()
-        self._require_running()
-        with self.cond:
-            try:
-                self.inbox.check_round(round_index)
-            except InboxRefusal as refusal:
-                self.updates_refused += 1
-                raise PeerError(refusal.status, refusal.detail, self.inbox.current_round) from None
-
-    def receive_update(self, round_index: int, body: bytes) -> UpdateAccepted:
-        """Check a partner's update completely, then file it; any refusal changes nothing but a counter."""
-        try:
-            update = parse_update(body, self.spec, swarm=self.swarm, round_index=round_index,
-                                  max_bytes=self.update_limit(), require_global=self.config.gossip.mix_weights)
-        except (MalformedMessage, ForeignMessage, WireError) as error:
-            self.count_refused()
-            status = 400 if isinstance(error, MalformedMessage) else 403 if isinstance(error, ForeignMessage) else 422
-            raise PeerError(status, str(error)) from None
-        with self.cond:
-            try:
-                self._require_running()
-                if update.peer_id not in self.membership.members or update.peer_id == self.peer_id:
-                    raise PeerError(403, f"update from {update.peer_id!r:.70}, not a member of this peer's swarm view; "
-                                         "join the swarm first (POST /v1/join)")
-                try:
-                    self.inbox.add(update)
-                except InboxRefusal as refusal:
-                    raise PeerError(refusal.status, refusal.detail, self.inbox.current_round) from None
-            except PeerError:
-                self.updates_refused += 1
-                raise
-            self.membership.heard_from(update.peer_id, round_index)
-            self.updates_accepted += 1
-            self.bytes_received += len(body)
-            self.cond.notify_all()
-            return UpdateAccepted(round=round_index, receiver_round=self.inbox.current_round)
-
-    def status(self) -> Status:
-        with self.cond:
-            members = self.membership.listing() if self.membership else []
-            return Status(swarm=self.swarm, peer_id=self.peer_id, url=self.advertise, phase=self.phase,
-                          round=self.round, rounds=self.config.rounds if self.config else 0, members=members,
-                          consensus_distance=self.last_cd, loss=self.last_loss, val_loss=self.last_val,
-                          initial_val_loss=self.initial_val,
-                          updates_accepted=self.updates_accepted, updates_refused=self.updates_refused,
-                          bytes_sent=self.bytes_sent, bytes_received=self.bytes_received,
-                          tokens_per_second=self.tokens_per_second, history=list(self.history))
-
-    # ------------------------------------------------------------------------------------------
     # Heartbeats.
 
     def heartbeat_loop(self) -> None:
@@ -363,7 +195,8 @@ class PeerNode:
             with self.cond:
                 targets = self.membership.others()
                 message = self._heartbeat_message().model_dump_json()
-            list(self.heartbeat_pool.map(lambda member: self._beat(member, message, max(2 * interval, 1.0)), targets))
+            timeout = max(2 * interval, 1.0)
+            list(self.heartbeat_pool.map(self._beat, targets, [message] * len(targets), [timeout] * len(targets)))
             with self.cond:
                 for pid in self.membership.sweep():
                     self.log(f"dropped member {pid}: no contact for {self.membership.dead_after:g}s")
@@ -468,16 +301,21 @@ class PeerNode:
                         sent.add(pid)
                         self.pool.submit(self._push, member, round_index, body, deadline)
                 received = self.inbox.senders(round_index)
+                members = self.membership.members
+                # past: partners that (by their heartbeats) already merged this round without us;
+                # they skipped it after falling behind, or closed it before our update came
+                past = {pid: members[pid].round for pid in sent
+                        if pid in members and members[pid].round > round_index and pid not in received}
                 # waiting for: partners still being sent to, or that took ours and have not sent theirs
-                pending = [pid for pid in sent if pid not in received and pid in self.membership.members
+                pending = [pid for pid in sent if pid not in received and pid in members and pid not in past
                            and self.push_results.get(pid) in (None, "accepted")]
                 remaining = deadline - time.monotonic()
                 if not pending or remaining <= 0 or self.stopping.is_set():
                     break
                 self.cond.wait(min(remaining, 0.5))
             updates = self.inbox.close(round_index)
-            next_round = max([round_index + 1] + [r for p, r in self.push_rounds.items()
-                                                    if self.push_results.get(p) == "stale"])
+            next_round = max([round_index + 1, *past.values()] + [r for p, r in self.push_rounds.items()
+                                                                   if self.push_results.get(p) == "stale"])
             if next_round > round_index + 1:
                 self.inbox.close(next_round - 1)
             self.exchange_round = -1
@@ -494,8 +332,8 @@ class PeerNode:
         if copies:
             group = [own_weights] + copies
             cd = consensus_distance(group)
-            for name in new_weights:
-                new_weights[name][...] = np.mean([w[name] for w in group], axis=0, dtype=np.float64)
+            for name, array in new_weights.items():
+                array[...] = np.mean([w[name] for w in group], axis=0, dtype=np.float64)
         with self.cond:
             self.outer.step(new_weights, averaged)
             self.global_weights = new_weights
@@ -636,44 +474,19 @@ def join(url: str, args: argparse.Namespace) -> int:
                           linger=float(getattr(args, "linger", 0) or 0))
 
 
-def _add_peer_options(parser: argparse.ArgumentParser, default_port: int | None) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all interfaces)")
-    parser.add_argument("--port", type=int, default=default_port, help="port to listen on (default: %(default)s; "
-                        "none: a free one)")
-    parser.add_argument("--advertise", help="URL the other peers reach this peer at (default http://HOST:PORT)")
-    parser.add_argument("--token", help="the swarm token (every peer of the swarm uses the same one)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--peer-id", help="this peer's id (default: 12 random hex digits)")
-    parser.add_argument("--quiet", action="store_true", help="no progress line")
-    parser.add_argument("--linger", type=float, default=0.0, help="after the last round, leave the swarm but keep "
-                        "serving status and weights for this many seconds")
-
-
-def build_start_parser(prog: str = "coop swarm start") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Start a peer-to-peer swarm: this process is its first "
-                                     "peer; others join with `coop-worker join http://THIS-HOST:PORT`.")
-    parser.add_argument("--config", help="run config (.toml, .yaml or .json; see docs/p2p.md); default: a tiny GPT")
-    parser.add_argument("--wait-peers", type=int, default=1, help="start round 0 once this many peers (this one "
-                        "included) are in the swarm (default: %(default)s, start at once)")
-    _add_peer_options(parser, 8500)
-    return parser
-
-
 def start_main(argv: list[str] | None = None) -> int:
-    """`coop swarm start [--config run.toml] [--port 8500] [--token T] [--wait-peers N]`."""
-    args = build_start_parser().parse_args(argv)
-    config = load_config(args.config) if args.config else SwarmConfig()
-    return start_swarm(config, host=args.host, port=args.port, token=args.token, advertise=args.advertise,
-                       device=args.device, wait_peers=args.wait_peers, quiet=args.quiet, peer_id=args.peer_id,
-                       linger=args.linger)
+    """`coop swarm start [--config run.toml] [--port 8500] [--token T] [--wait-peers N]` (see coop.gossip.cli)."""
+    from coop.gossip.cli import build_start_parser, start_from_args
+
+    return start_from_args(build_start_parser().parse_args(argv))
 
 
 def join_main(argv: list[str] | None = None) -> int:
-    """`python -m coop.gossip.peer join URL [--port P] [--token T]` (what `coop-worker join` does for a peer URL)."""
-    parser = argparse.ArgumentParser(prog="coop-worker join", description="Join a swarm through any live peer.")
-    parser.add_argument("url", help="any live peer of the swarm, e.g. http://10.0.0.5:8500")
-    _add_peer_options(parser, None)
-    args = parser.parse_args(argv)
+    """`python -m coop.gossip.peer join URL ...`: what `coop-worker join URL` does for a peer's URL."""
+    from coop.gossip.cli import build_join_parser
+
+    args = build_join_parser().parse_args(argv)
+    args.token = args.token or os.environ.get("COOP_TOKEN")
     return join(args.url, args)
 
 

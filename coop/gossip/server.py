@@ -17,8 +17,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from coop import __version__
-from coop.gossip.protocol import (MAX_JSON_BYTES, Heartbeat, JoinReply, JoinRequest, LeaveRequest, PeerInfo, Status,
-                                  UpdateAccepted)
+from coop.gossip.protocol import (
+    MAX_JSON_BYTES,
+    Heartbeat,
+    JoinReply,
+    JoinRequest,
+    LeaveRequest,
+    PeerInfo,
+    Status,
+    UpdateAccepted,
+)
 
 if TYPE_CHECKING:
     from coop.gossip.peer import PeerNode
@@ -64,7 +72,7 @@ async def read_json(request: Request, model: type) -> Any:
         raise PeerError(422, f"bad {model.__name__} body: {error}") from error
 
 
-def create_app(node: "PeerNode") -> FastAPI:
+def create_app(node: PeerNode) -> FastAPI:
     app = FastAPI(title="coop peer", version=__version__,
                   description="Peer-to-peer DiLoCo: the API peers serve each other (docs/p2p.md).")
 

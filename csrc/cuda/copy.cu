@@ -22,6 +22,50 @@ __global__ void strided_copy_kernel(T* __restrict__ dst, const T* __restrict__ s
     }
 }
 
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+    T v[N];
+};
+
+// 4 consecutive elements of the last dim per thread (index arithmetic once per 4); vector
+// loads/stores where that side is unit-stride and aligned
+template <typename T>
+__global__ void strided_copy_vec_kernel(T* __restrict__ dst, const T* __restrict__ src, Strided s, int64_t ngroups,
+                                        bool vd, bool vs) {
+    using V = Vec<T, 4>;
+    int last = s.ndim - 1;
+    int ld = (int)s.stride[0][last], ls = (int)s.stride[1][last];
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < ngroups; g += stride) {
+        int idx = (int)(g * 4), od = 0, os = 0;
+        for (int d = last; d >= 0; --d) {
+            int len = (int)s.shape[d];
+            int c = idx % len;
+            idx /= len;
+            od += c * (int)s.stride[0][d];
+            os += c * (int)s.stride[1][d];
+        }
+        V v;
+        if (vs) v = *reinterpret_cast<const V*>(src + os);
+        else
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v.v[k] = src[os + k * ls];
+        if (vd) *reinterpret_cast<V*>(dst + od) = v;
+        else
+#pragma unroll
+            for (int k = 0; k < 4; ++k) dst[od + k * ld] = v.v[k];
+    }
+}
+
+bool vec_side(const Strided& s, int k, const void* p, int elsize) {
+    if (reinterpret_cast<std::uintptr_t>(p) % (4 * elsize) != 0) return false;
+    int last = s.ndim - 1;
+    if (s.stride[k][last] != 1) return false;
+    for (int d = 0; d < last; ++d)
+        if (s.stride[k][d] % 4 != 0) return false;
+    return true;
+}
+
 // 2-d tile transpose for the common last-two-dims swap: dst (B, C, R) = src (B, R, C)^T per batch,
 // through shared memory so both reads and writes are coalesced
 template <typename T>
@@ -66,6 +110,13 @@ void copy_typed(int device, void* dst, const void* src, const Strided& s, int64_
         if (src_ok && dst_ok && batch_ok && B <= 65535 && ceil_div(R, 32) <= 65535) {
             dim3 grid((unsigned)ceil_div(C, 32), (unsigned)ceil_div(R, 32), (unsigned)B);
             transpose_kernel<T><<<grid, dim3(32, 8), 0, st>>>((T*)dst, (const T*)src, R, C);
+            return;
+        }
+    }
+    if (s.shape[nd - 1] % 4 == 0 && fits32(s, n) && sizeof(T) <= 8) {
+        bool vd = vec_side(s, 0, dst, sizeof(T)), vs = vec_side(s, 1, src, sizeof(T));
+        if (vd || vs) {
+            strided_copy_vec_kernel<T><<<blocks_for(n / 4, 256), 256, 0, st>>>((T*)dst, (const T*)src, s, n / 4, vd, vs);
             return;
         }
     }

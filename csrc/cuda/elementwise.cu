@@ -8,9 +8,31 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// 4 floats (16 bytes) per thread: the float32 kernels load and store whole vectors when the
+// pointers are aligned, and amortise index arithmetic over 4 elements when they are strided
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+    T v[N];
+};
+using F4 = Vec<float, 4>;
+
+inline bool aligned(const void* p, int bytes) { return (reinterpret_cast<std::uintptr_t>(p) % bytes) == 0; }
+
 // ---- op definitions ------------------------------------------------------------------------------
 
-template <typename T> __device__ __forceinline__ T dpow(T a, T b) { return (T)pow((double)a, (double)b); }
+// integer power by squaring: exact, unlike pow() on doubles (3^1 can come back as 2.9999...)
+template <typename T> __device__ __forceinline__ T dpow(T a, T b) {
+    if constexpr (std::is_signed_v<T>)
+        if (b < 0) return (a == 1) ? T(1) : (a == (T)-1) ? ((b & 1) ? (T)-1 : T(1)) : T(0);
+    T r = 1;
+    while (b) {
+        if (b & 1) r *= a;
+        a *= a;
+        b >>= 1;
+    }
+    return r;
+}
+__device__ __forceinline__ double dpow(double a, double b) { return pow(a, b); }
 __device__ __forceinline__ float dpow(float a, float b) { return powf(a, b); }
 template <typename T> __device__ __forceinline__ T ddiv(T a, T b) { return (T)((double)a / (double)b); }
 __device__ __forceinline__ float ddiv(float a, float b) { return a / b; }
@@ -76,6 +98,66 @@ __global__ void binary_strided_kernel(R* __restrict__ out, const T* __restrict__
     }
 }
 
+// out (n,) = a OP b, 4 elements per thread (float32, aligned); R is float or uint8 (comparisons)
+template <typename R, int OP>
+__global__ void binary_flat_vec_kernel(R* __restrict__ out, const float* __restrict__ a, const float* __restrict__ b,
+                                       float s, int64_t nvec, int mode) {
+    using VR = Vec<R, 4>;
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+        F4 x{}, y{};
+        if (mode != 2) x = reinterpret_cast<const F4*>(a)[i];
+        if (mode != 1) y = reinterpret_cast<const F4*>(b)[i];
+        VR r;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) r.v[k] = (R)apply_binary<OP>(mode == 2 ? s : x.v[k], mode == 1 ? s : y.v[k]);
+        reinterpret_cast<VR*>(out)[i] = r;
+    }
+}
+
+// strided (broadcast) float32 operands, 4 consecutive elements of the last dim per thread: the
+// index arithmetic is done once per 4; vec_a / vec_b: that operand is unit-stride and aligned
+template <typename R, int OP, typename I>
+__global__ void binary_strided_vec_kernel(R* __restrict__ out, const float* __restrict__ a,
+                                          const float* __restrict__ b, float s, Strided sh, int64_t ngroups,
+                                          int mode, bool vec_a, bool vec_b) {
+    using VR = Vec<R, 4>;
+    int last = sh.ndim - 1;
+    I la = (I)sh.stride[0][last], lb = (I)sh.stride[1][last];
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < ngroups; g += stride) {
+        I off[2];
+        offsets<I>(sh, (I)(g * 4), 2, off);
+        F4 x{}, y{};
+        if (mode != 2) {
+            if (vec_a) x = *reinterpret_cast<const F4*>(a + off[0]);
+            else
+#pragma unroll
+                for (int k = 0; k < 4; ++k) x.v[k] = a[off[0] + k * la];
+        }
+        if (mode != 1) {
+            if (vec_b) y = *reinterpret_cast<const F4*>(b + off[1]);
+            else
+#pragma unroll
+                for (int k = 0; k < 4; ++k) y.v[k] = b[off[1] + k * lb];
+        }
+        VR r;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) r.v[k] = (R)apply_binary<OP>(mode == 2 ? s : x.v[k], mode == 1 ? s : y.v[k]);
+        reinterpret_cast<VR*>(out)[g] = r;
+    }
+}
+
+// operand k can be read as aligned 4-vectors along the last dim of `s`
+bool vec_operand(const Strided& s, int k, const void* p, int elsize) {
+    if (!aligned(p, 4 * elsize)) return false;
+    int last = s.ndim - 1;
+    if (s.stride[k][last] != 1) return false;
+    for (int d = 0; d < last; ++d)
+        if (s.stride[k][d] % 4 != 0) return false;
+    return true;
+}
+
 bool fits32(const Strided& s, int64_t n, int nops) {
     if (n >= (int64_t(1) << 31)) return false;
     for (int k = 0; k < nops; ++k) {
@@ -99,8 +181,29 @@ void launch_binary(int device, void* out, const void* a, const void* b, double s
                    int64_t n) {
     using R = std::conditional_t<is_compare(OP), uint8_t, T>;
     cudaStream_t st = stream(device);
-    unsigned int grid = blocks_for(n, kThreads);
     T sv = (T)scalar;
+    if constexpr (std::is_same_v<T, float>) {
+        constexpr int RB = sizeof(R) * 4;  // bytes of 4 outputs
+        if (is_flat(s, mode) && n >= 4 && aligned(out, RB) && (mode == 2 || aligned(a, 16)) &&
+            (mode == 1 || aligned(b, 16))) {
+            int64_t nvec = n / 4, done = nvec * 4;
+            binary_flat_vec_kernel<R, OP><<<blocks_for(nvec, kThreads), kThreads, 0, st>>>(
+                (R*)out, (const float*)a, (const float*)b, sv, nvec, mode);
+            if (done < n)
+                binary_flat_kernel<T, R, OP, NORM><<<1, kThreads, 0, st>>>(
+                    (R*)out + done, (const T*)a + (mode == 2 ? 0 : done), (const T*)b + (mode == 1 ? 0 : done), sv,
+                    n - done, mode);
+            return;
+        }
+        if (!is_flat(s, mode) && s.shape[s.ndim - 1] % 4 == 0 && aligned(out, RB) && fits32(s, n, 2)) {
+            bool va = mode != 2 && vec_operand(s, 0, a, 4), vb = mode != 1 && vec_operand(s, 1, b, 4);
+            int64_t ng = n / 4;
+            binary_strided_vec_kernel<R, OP, int32_t><<<blocks_for(ng, kThreads), kThreads, 0, st>>>(
+                (R*)out, (const float*)a, (const float*)b, sv, s, ng, mode, va, vb);
+            return;
+        }
+    }
+    unsigned int grid = blocks_for(n, kThreads);
     if (is_flat(s, mode)) {
         binary_flat_kernel<T, R, OP, NORM><<<grid, kThreads, 0, st>>>((R*)out, (const T*)a, (const T*)b, sv, n, mode);
     } else if (fits32(s, n, 2)) {
@@ -165,12 +268,47 @@ __global__ void unary_kernel(T* __restrict__ out, const T* __restrict__ x, int64
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = apply_unary<OP>(x[i]);
 }
 
+// out (n,) = f(x) (n,), 4 floats per thread
+template <int OP>
+__global__ void unary_vec_kernel(F4* __restrict__ out, const F4* __restrict__ x, int64_t nvec) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+        F4 v = x[i];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v.v[k] = apply_unary<OP>(v.v[k]);
+        out[i] = v;
+    }
+}
+
+template <int OP>
+void unary_f32(cudaStream_t st, float* o, const float* i, int64_t n) {
+    int64_t nvec = (aligned(o, 16) && aligned(i, 16)) ? n / 4 : 0;
+    if (nvec) unary_vec_kernel<OP><<<blocks_for(nvec, kThreads), kThreads, 0, st>>>((F4*)o, (const F4*)i, nvec);
+    if (n > nvec * 4)
+        unary_kernel<float, OP><<<blocks_for(n - nvec * 4, kThreads), kThreads, 0, st>>>(o + nvec * 4, i + nvec * 4,
+                                                                                          n - nvec * 4);
+}
+
 template <typename T>
 void unary_float(int device, int op, void* out, const void* x, int64_t n) {
     cudaStream_t st = stream(device);
     unsigned int grid = blocks_for(n, kThreads);
     T* o = (T*)out;
     const T* i = (const T*)x;
+    if constexpr (std::is_same_v<T, float>) {
+        switch (op) {
+            case NEG: return unary_f32<NEG>(st, o, i, n);
+            case EXP: return unary_f32<EXP>(st, o, i, n);
+            case LOG: return unary_f32<LOG>(st, o, i, n);
+            case ABS: return unary_f32<ABS>(st, o, i, n);
+            case SQRT: return unary_f32<SQRT>(st, o, i, n);
+            case TANH: return unary_f32<TANH>(st, o, i, n);
+            case SIGN: return unary_f32<SIGN>(st, o, i, n);
+            case SIGMOID: return unary_f32<SIGMOID>(st, o, i, n);
+            case RELU: return unary_f32<RELU>(st, o, i, n);
+            case GELU: return unary_f32<GELU>(st, o, i, n);
+        }
+    }
     switch (op) {
         case NEG: unary_kernel<T, NEG><<<grid, kThreads, 0, st>>>(o, i, n); return;
         case EXP: unary_kernel<T, EXP><<<grid, kThreads, 0, st>>>(o, i, n); return;
@@ -219,6 +357,29 @@ __global__ void act_backward_kernel(T* __restrict__ dx, const T* __restrict__ x,
     }
 }
 
+template <int OP>
+__global__ void act_backward_vec_kernel(F4* __restrict__ dx, const F4* __restrict__ x, const F4* __restrict__ g,
+                                        int64_t nvec) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+        F4 xv = x[i], gv = g[i], r;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            float xi = xv.v[k];
+            if constexpr (OP == RELU) {
+                r.v[k] = xi > 0.f ? gv.v[k] : 0.f;
+            } else {
+                const float c = 0.7978845608028654f;
+                float x2 = xi * xi;
+                float t = tanhf(c * (xi + 0.044715f * x2 * xi));
+                float dinner = c * (1.0f + (float)(3.0 * 0.044715) * x2);
+                r.v[k] = gv.v[k] * (0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * dinner);
+            }
+        }
+        dx[i] = r;
+    }
+}
+
 // ---- where -------------------------------------------------------------------------------------------
 
 // out (shape) = cond ? a : b, each broadcast; a/b may be scalars
@@ -233,10 +394,53 @@ __global__ void where_kernel(T* __restrict__ out, const uint8_t* __restrict__ co
     }
 }
 
+// float32 where, 4 consecutive elements of the last dim per thread (index arithmetic once per 4)
+__global__ void where_vec_kernel(F4* __restrict__ out, const uint8_t* __restrict__ cond, const float* __restrict__ a,
+                                 const float* __restrict__ b, float sa, float sb, bool as, bool bs, Strided sh,
+                                 int64_t ngroups, bool vc, bool va, bool vb) {
+    int last = sh.ndim - 1;
+    int lc = (int)sh.stride[0][last], la = (int)sh.stride[1][last], lb = (int)sh.stride[2][last];
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < ngroups; g += stride) {
+        int off[3];
+        offsets<int>(sh, (int)(g * 4), 3, off);
+        Vec<uint8_t, 4> c;
+        if (vc) c = *reinterpret_cast<const Vec<uint8_t, 4>*>(cond + off[0]);
+        else
+#pragma unroll
+            for (int k = 0; k < 4; ++k) c.v[k] = cond[off[0] + k * lc];
+        F4 x{}, y{}, r;
+        if (!as) {
+            if (va) x = *reinterpret_cast<const F4*>(a + off[1]);
+            else
+#pragma unroll
+                for (int k = 0; k < 4; ++k) x.v[k] = a[off[1] + k * la];
+        }
+        if (!bs) {
+            if (vb) y = *reinterpret_cast<const F4*>(b + off[2]);
+            else
+#pragma unroll
+                for (int k = 0; k < 4; ++k) y.v[k] = b[off[2] + k * lb];
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) r.v[k] = c.v[k] ? (as ? sa : x.v[k]) : (bs ? sb : y.v[k]);
+        out[g] = r;
+    }
+}
+
 template <typename T>
 void where_typed(int device, void* out, const void* cond, const void* a, const void* b, double sa, double sb,
                  bool as, bool bs, const Strided& s, int64_t n) {
     unsigned int grid = blocks_for(n, kThreads);
+    if constexpr (std::is_same_v<T, float>) {
+        if (s.shape[s.ndim - 1] % 4 == 0 && aligned(out, 16) && fits32(s, n, 3)) {
+            bool vc = vec_operand(s, 0, cond, 1), va = !as && vec_operand(s, 1, a, 4), vb = !bs && vec_operand(s, 2, b, 4);
+            where_vec_kernel<<<blocks_for(n / 4, kThreads), kThreads, 0, stream(device)>>>(
+                (F4*)out, (const uint8_t*)cond, (const float*)a, (const float*)b, (float)sa, (float)sb, as, bs, s, n / 4,
+                vc, va, vb);
+            return;
+        }
+    }
     if (fits32(s, n, 3))
         where_kernel<T, int32_t><<<grid, kThreads, 0, stream(device)>>>((T*)out, (const uint8_t*)cond, (const T*)a,
                                                                          (const T*)b, (T)sa, (T)sb, as, bs, s, n);
@@ -339,8 +543,18 @@ void act_backward(int device, int op, int dtype, void* dx, const void* x, const 
     unsigned int grid = blocks_for(n, kThreads);
     cudaStream_t st = stream(device);
     if (dtype == F32) {
-        if (op == RELU) act_backward_kernel<float, RELU><<<grid, kThreads, 0, st>>>((float*)dx, (const float*)x, (const float*)g, n);
-        else act_backward_kernel<float, GELU><<<grid, kThreads, 0, st>>>((float*)dx, (const float*)x, (const float*)g, n);
+        float* d = (float*)dx;
+        const float *xi = (const float*)x, *gi = (const float*)g;
+        int64_t nvec = (aligned(d, 16) && aligned(xi, 16) && aligned(gi, 16)) ? n / 4 : 0, done = nvec * 4;
+        unsigned int gv = blocks_for(nvec, kThreads), gt = blocks_for(n - done, kThreads);
+        if (op == RELU) {
+            if (nvec) act_backward_vec_kernel<RELU><<<gv, kThreads, 0, st>>>((F4*)d, (const F4*)xi, (const F4*)gi, nvec);
+            if (done < n) act_backward_kernel<float, RELU><<<gt, kThreads, 0, st>>>(d + done, xi + done, gi + done, n - done);
+        } else {
+            if (nvec) act_backward_vec_kernel<GELU><<<gv, kThreads, 0, st>>>((F4*)d, (const F4*)xi, (const F4*)gi, nvec);
+            if (done < n) act_backward_kernel<float, GELU><<<gt, kThreads, 0, st>>>(d + done, xi + done, gi + done, n - done);
+        }
+        (void)grid;
     } else if (dtype == F64) {
         if (op == RELU) act_backward_kernel<double, RELU><<<grid, kThreads, 0, st>>>((double*)dx, (const double*)x, (const double*)g, n);
         else act_backward_kernel<double, GELU><<<grid, kThreads, 0, st>>>((double*)dx, (const double*)x, (const double*)g, n);
@@ -387,7 +601,14 @@ void fill(int device, int dtype, void* out, double v, int64_t n) {
     unsigned int grid = blocks_for(n, kThreads);
     cudaStream_t st = stream(device);
     switch (dtype) {
-        case F32: fill_kernel<float><<<grid, kThreads, 0, st>>>((float*)out, (float)v, n); break;
+        case F32:
+            if (aligned(out, 16) && n % 4 == 0) {
+                float f = (float)v;
+                fill_kernel<F4><<<blocks_for(n / 4, kThreads), kThreads, 0, st>>>((F4*)out, F4{{f, f, f, f}}, n / 4);
+            } else {
+                fill_kernel<float><<<grid, kThreads, 0, st>>>((float*)out, (float)v, n);
+            }
+            break;
         case F64: fill_kernel<double><<<grid, kThreads, 0, st>>>((double*)out, v, n); break;
         case F16: fill_kernel<__half><<<grid, kThreads, 0, st>>>((__half*)out, __float2half((float)v), n); break;
         case BF16: fill_kernel<__nv_bfloat16><<<grid, kThreads, 0, st>>>((__nv_bfloat16*)out, __float2bfloat16((float)v), n); break;

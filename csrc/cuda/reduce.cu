@@ -79,7 +79,14 @@ __global__ void reduce_cols_kernel(O* __restrict__ out, const T* __restrict__ x,
         A acc = identity<OP, A>();
         if (i < inner) {
             const T* xo = x + o * R * inner + i;
-            for (int64_t r = lo + threadIdx.y; r < hi; r += blockDim.y) acc = combine<OP, A>(acc, (A)xo[r * inner]);
+            const int64_t by = blockDim.y;
+            int64_t r = lo + threadIdx.y;
+            for (; r + 3 * by < hi; r += 4 * by) {  // 4 independent loads in flight per thread
+                A v0 = (A)xo[r * inner], v1 = (A)xo[(r + by) * inner];
+                A v2 = (A)xo[(r + 2 * by) * inner], v3 = (A)xo[(r + 3 * by) * inner];
+                acc = combine<OP, A>(acc, combine<OP, A>(combine<OP, A>(v0, v1), combine<OP, A>(v2, v3)));
+            }
+            for (; r < hi; r += by) acc = combine<OP, A>(acc, (A)xo[r * inner]);
         }
         shared[threadIdx.y][threadIdx.x] = acc;
         __syncthreads();
@@ -128,7 +135,9 @@ void reduce_typed(int device, void* out, const void* x, int64_t outer, int64_t R
         return;
     }
     int64_t base = ceil_div(inner, 32) * outer;
-    int splits = (int)std::min<int64_t>(std::max<int64_t>(1, kTargetBlocks / std::max<int64_t>(base, 1)), ceil_div(R, 64));
+    // enough (32 x 8)-thread blocks to fill the GPU (~8 per SM), each over at least 64 rows
+    int splits = (int)std::min<int64_t>(std::max<int64_t>(1, 4 * kTargetBlocks / std::max<int64_t>(base, 1)),
+                                        ceil_div(R, 64));
     splits = std::max(std::min(splits, 65535), 1);
     int64_t chunk = ceil_div(R, splits);
     dim3 grid((unsigned)ceil_div(inner, 32), (unsigned)std::min<int64_t>(outer, 65535), (unsigned)splits);

@@ -3,8 +3,14 @@ import numpy as np
 import pytest
 
 from coop.diloco import NesterovSGD, aggregate
-from coop.gossip.merge import (consensus_distance, exchange_bytes_per_replica, gossip_groups, gossip_round,
-                               partners_of, round_rng)
+from coop.gossip.merge import (
+    consensus_distance,
+    exchange_bytes_per_replica,
+    gossip_groups,
+    gossip_round,
+    partners_of,
+    round_rng,
+)
 
 
 def _update(rng, scale=1.0):

@@ -95,7 +95,7 @@ def test_bad_updates_are_refused_and_change_nothing(client, node):
     _join(client)
     weights_before = {n: a.copy() for n, a in node.global_weights.items()}
     spec = node.spec
-    name = sorted(spec)[0]
+    name = min(spec)
     wrong_shape = dict(_delta(node), **{name: np.zeros((3, 3), np.float32)})
     nan_delta = _delta(node)
     nan_delta[name] = nan_delta[name].copy()

@@ -7,8 +7,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -22,17 +23,17 @@ def free_port() -> int:
 
 
 class PeerProcess:
-    """One `python -m coop.gossip.peer start|join ...` process with its log file."""
+    """One `python -m coop.gossip.peer start|join ...` (or `-m coop.worker_cli join ...`) process with its log file."""
 
-    def __init__(self, name: str, args: list[str], log_dir: Path, token: str):
+    def __init__(self, name: str, args: list[str], log_dir: Path, token: str, module: str = "coop.gossip.peer"):
         self.name, self.port = name, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token
         self.log_path = log_dir / f"{name}.log"
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        self._log = open(self.log_path, "w")
-        self.process = subprocess.Popen([sys.executable, "-m", "coop.gossip.peer", *args, "--port", str(self.port),
+        self._log = open(self.log_path, "w")  # noqa: SIM115 (the process writes to it until stop())
+        self.process = subprocess.Popen([sys.executable, "-m", module, *args, "--port", str(self.port),
                                          "--token", token, "--peer-id", name], cwd=REPO, env=env,
                                         stdout=self._log, stderr=subprocess.STDOUT)
 

@@ -12,13 +12,12 @@ import math
 import httpx
 import numpy as np
 import pytest
+from p2p_helpers import PeerProcess, wait_until
 
 from coop.codec import get_codec
 from coop.gossip.merge import consensus_distance
 from coop.gossip.payload import pack_update, parse_state
 from coop.wire import TensorSpec, pack, unpack
-
-from p2p_helpers import PeerProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -61,8 +60,8 @@ class Swarm:
         self.peers[name] = peer
         return peer
 
-    def join(self, name: str, through: PeerProcess) -> PeerProcess:
-        peer = PeerProcess(name, ["join", through.url, "--linger", "120"], self.dir, TOKEN)
+    def join(self, name: str, through: PeerProcess, module: str = "coop.gossip.peer") -> PeerProcess:
+        peer = PeerProcess(name, ["join", through.url, "--linger", "120"], self.dir, TOKEN, module)
         self.peers[name] = peer
         return peer
 
@@ -102,6 +101,34 @@ def test_peers_find_each_other_and_train(swarm):
     assert any(h["received_from"] for h in history), history  # updates were exchanged
 
 
+def test_killed_peer_is_dropped_and_the_rest_carry_on(swarm):
+    victim = swarm.peers["peer3"]
+    victim.kill()
+    survivors = ["peer0", "peer1", "peer2"]
+    def dropped():
+        statuses = [swarm.peers[n].status() for n in survivors]
+        return all(st and "peer3" not in {m["peer_id"] for m in st["members"]} for st in statuses) and statuses
+    statuses = swarm.wait(dropped, 30, "the survivors to drop the killed peer")
+    start = [st["round"] for st in statuses]
+    swarm.wait(lambda: (r := rounds_of(swarm, survivors)) and all(a >= b + 2 for a, b in zip(r, start)), 90,
+               "the survivors to finish two more rounds")
+
+
+def test_newcomer_joins_through_any_peer_and_catches_up(swarm):
+    entry = swarm.peers["peer2"]  # not the peer that started the swarm
+    newcomer = swarm.join("peer4", entry, module="coop.worker_cli")  # `coop-worker join URL`, URL a peer
+    joined = swarm.wait(lambda: (st := newcomer.status()) and st["phase"] in ("training", "exchanging", "done") and st,
+                        60, "the newcomer to join")
+    entry_round = entry.status()["round"]
+    assert joined["round"] >= entry_round - 2  # it started from the current round, not round 0
+    assert joined["initial_val_loss"] < swarm.peers["peer0"].status()["initial_val_loss"] - 0.3  # trained weights
+    swarm.wait(lambda: any(h["received_from"] for h in (newcomer.status() or {"history": []})["history"]), 60,
+               "the newcomer to average with a partner")
+    for name in ("peer0", "peer1", "peer2"):  # and the others know it
+        swarm.wait(lambda name=name: "peer4" in {m["peer_id"] for m in swarm.peers[name].status()["members"]}, 20,
+                   f"{name} to learn of the newcomer")
+
+
 def test_bad_messages_are_refused(swarm):
     target = swarm.peers["peer1"]
     url = f"{target.url}/v1/gossip"
@@ -115,7 +142,7 @@ def test_bad_messages_are_refused(swarm):
         return lambda r: pack_update(sw, peer_id, r if round_index is None else round_index, 100, 1.0,
                                      get_codec("fp32"), d, w)
 
-    name = sorted(weights)[0]
+    name = min(weights)
     nan_delta = dict(delta, **{name: np.full_like(delta[name], np.nan)})
     def nan_body(r):
         return pack({"delta/" + n: a for n, a in nan_delta.items()} | {"global/" + n: a for n, a in weights.items()},
@@ -148,34 +175,6 @@ def test_bad_messages_are_refused(swarm):
     assert all(np.isfinite(a).all() for a in tensors.values())
 
 
-def test_killed_peer_is_dropped_and_the_rest_carry_on(swarm):
-    victim = swarm.peers["peer3"]
-    victim.kill()
-    survivors = ["peer0", "peer1", "peer2"]
-    def dropped():
-        statuses = [swarm.peers[n].status() for n in survivors]
-        return all(st and "peer3" not in {m["peer_id"] for m in st["members"]} for st in statuses) and statuses
-    statuses = swarm.wait(dropped, 30, "the survivors to drop the killed peer")
-    start = [st["round"] for st in statuses]
-    swarm.wait(lambda: (r := rounds_of(swarm, survivors)) and all(a >= b + 2 for a, b in zip(r, start)), 90,
-               "the survivors to finish two more rounds")
-
-
-def test_newcomer_joins_through_any_peer_and_catches_up(swarm):
-    entry = swarm.peers["peer2"]  # not the peer that started the swarm
-    newcomer = swarm.join("peer4", entry)
-    joined = swarm.wait(lambda: (st := newcomer.status()) and st["phase"] in ("training", "exchanging", "done") and st,
-                        60, "the newcomer to join")
-    entry_round = entry.status()["round"]
-    assert joined["round"] >= entry_round - 2  # it started from the current round, not round 0
-    assert joined["initial_val_loss"] < swarm.peers["peer0"].status()["initial_val_loss"] - 0.3  # trained weights
-    swarm.wait(lambda: any(h["received_from"] for h in (newcomer.status() or {"history": []})["history"]), 60,
-               "the newcomer to average with a partner")
-    for name in ("peer0", "peer1", "peer2"):  # and the others know it
-        swarm.wait(lambda: "peer4" in {m["peer_id"] for m in swarm.peers[name].status()["members"]}, 20,
-                   f"{name} to learn of the newcomer")
-
-
 def test_loss_falls_and_consensus_stays_bounded(swarm):
     names = ["peer0", "peer1", "peer2", "peer4"]
     statuses = swarm.wait(lambda: (sts := [swarm.peers[n].status() for n in names]) and
@@ -199,6 +198,9 @@ def test_loss_falls_and_consensus_stays_bounded(swarm):
     cd = consensus_distance(finals)
     print(f"final consensus distance {cd:.4f}, weights norm {mean_norm:.2f}; "
           f"val loss {[round(st['val_loss'], 3) for st in statuses]}")
-    assert cd < 0.05 * mean_norm, (cd, mean_norm)
+    assert cd < 0.1 * mean_norm, (cd, mean_norm)
+    for st in statuses:  # and no group ever drifted far apart on the way
+        worst = max(h["consensus_distance"] or 0.0 for h in st["history"])
+        assert worst < 0.2 * mean_norm, (st["peer_id"], worst, mean_norm)
     newcomer_val = statuses[-1]["val_loss"]
     assert abs(newcomer_val - statuses[0]["val_loss"]) < 0.3  # the newcomer caught up

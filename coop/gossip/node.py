@@ -1,0 +1,224 @@
+"""A peer's shared state and what its HTTP routes call (`coop.gossip.server` -> `PeerState`).
+
+Every handler checks the message completely before it takes the lock and changes anything, so a
+refused message leaves nothing behind but the `updates_refused` counter. The training side (setup,
+heartbeats, exchange, the loop) is `coop.gossip.peer.PeerNode`, a subclass.
+"""
+from __future__ import annotations
+
+import secrets
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from coop import __version__
+from coop.diloco import NesterovSGD
+from coop.gossip.config import SwarmConfig, gossip_body_limit
+from coop.gossip.inbox import Inbox, InboxRefusal
+from coop.gossip.membership import Membership
+from coop.gossip.payload import (
+    ForeignMessage,
+    MalformedMessage,
+    pack_state,
+    parse_update,
+)
+from coop.gossip.protocol import (
+    Heartbeat,
+    JoinReply,
+    JoinRequest,
+    LeaveRequest,
+    Member,
+    PeerInfo,
+    RoundRecord,
+    Status,
+    UpdateAccepted,
+)
+from coop.gossip.server import PeerError, ServerThread
+from coop.replica import Replica
+from coop.wire import WireError
+from engine.data import TokenDataset
+
+
+class PeerState:
+    """One peer's state, guarded by `cond`; the server's routes call the `handle_*` methods."""
+
+    def __init__(self, *, token: str | None, advertise: str, device: str = "cpu", quiet: bool = False,
+                 peer_id: str | None = None, log=None):
+        self.peer_id = peer_id or secrets.token_hex(6)
+        self.token = token or None
+        self.advertise = advertise.rstrip("/")
+        self.device = device
+        self.quiet = quiet
+        self._log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        self.cond = threading.Condition()
+        self.stopping = threading.Event()
+        self.ready = False
+        self.phase = "starting"
+        self.swarm = ""
+        self.config: SwarmConfig | None = None
+        self.round = 0
+        self.membership: Membership | None = None
+        self.inbox = Inbox()
+        self.global_weights: dict[str, np.ndarray] = {}
+        self.outer: NesterovSGD | None = None
+        self.spec: dict = {}
+        self.replica: Replica | None = None
+        self.val_data: TokenDataset | None = None
+        self.data_message = b""
+        # push results of the round being exchanged: peer id -> "accepted" / "stale" / "failed" / "refused"
+        self.push_results: dict[str, str] = {}
+        self.push_rounds: dict[str, int] = {}  # peer id -> receiver's round from a 409
+        self.exchange_round = -1
+        self.history: list[RoundRecord] = []
+        self.last_cd: float | None = None
+        self.last_loss: float | None = None
+        self.last_val: float | None = None
+        self.initial_val: float | None = None
+        self.tokens_per_second = 0.0
+        self.updates_accepted = self.updates_refused = 0
+        self.bytes_sent = self.bytes_received = 0
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-push")
+        self.heartbeat_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-heartbeat")
+        self.server: ServerThread | None = None
+        self.heartbeat_thread: threading.Thread | None = None
+
+    def log(self, message: str) -> None:
+        if not self.quiet:
+            self._log(f"peer {self.peer_id}: {message}")
+
+    # ------------------------------------------------------------------------------------------
+    # What the server's routes call.
+
+    def _require_ready(self) -> None:
+        if not self.ready:
+            raise PeerError(503, "this peer is still starting; retry in a few seconds")
+
+    def count_refused(self) -> None:
+        with self.cond:
+            self.updates_refused += 1
+
+    def update_limit(self) -> int:
+        self._require_ready()
+        return gossip_body_limit(self.config, {n: s.shape for n, s in self.spec.items()})
+
+    def info(self) -> PeerInfo:
+        return PeerInfo(version=__version__, swarm=self.swarm, peer_id=self.peer_id, round=self.round, ready=self.ready)
+
+    def handle_join(self, request: JoinRequest) -> JoinReply:
+        self._require_ready()
+        self._require_running()
+        with self.cond:
+            # in groups from the next round: this round's groups may already be drawn elsewhere
+            active_from = self.round if self.phase in ("starting", "waiting") else self.round + 1
+            known = self.membership.members.get(request.peer_id)
+            if known is not None and known.url == request.url:
+                active_from = known.active_from  # a retried join: the same answer
+            member = Member(peer_id=request.peer_id, url=request.url, active_from=active_from, round=self.round)
+            self.membership.add(member)
+            self.cond.notify_all()
+            self.log(f"{request.peer_id} joined from {request.url} (in groups from round {active_from})")
+            return JoinReply(swarm=self.swarm, peer_id=self.peer_id, round=self.round, active_from=active_from,
+                             config=self.config.model_dump(), members=self.membership.listing())
+
+    def _check_swarm(self, swarm: str) -> None:
+        if swarm != self.swarm:
+            raise PeerError(403, f"message for swarm {swarm!r:.70}, this peer is in swarm {self.swarm!r}")
+
+    def handle_heartbeat(self, heartbeat: Heartbeat) -> Heartbeat:
+        self._require_ready()
+        self._check_swarm(heartbeat.swarm)
+        with self.cond:
+            sender = next((m for m in heartbeat.members if m.peer_id == heartbeat.peer_id), None)
+            if sender is None or sender.url != heartbeat.url:
+                raise PeerError(422, "a heartbeat's member list must include its sender with the sender's url")
+            self.membership.add(sender.model_copy(update={"round": heartbeat.round}))
+            new = self.membership.merge(heartbeat.members)
+            for pid in new:
+                self.log(f"learned of member {pid} from {heartbeat.peer_id}")
+            self.cond.notify_all()
+            return self._heartbeat_message()
+
+    def _heartbeat_message(self) -> Heartbeat:
+        return Heartbeat(swarm=self.swarm, peer_id=self.peer_id, url=self.advertise, round=self.round,
+                         members=self.membership.listing())
+
+    def handle_leave(self, request: LeaveRequest) -> None:
+        self._require_ready()
+        self._check_swarm(request.swarm)
+        with self.cond:
+            if self.membership.remove(request.peer_id):
+                self.log(f"{request.peer_id} left")
+            self.cond.notify_all()
+
+    def state_body(self) -> bytes:
+        self._require_ready()
+        with self.cond:
+            weights = {n: a.copy() for n, a in self.global_weights.items()}
+            outer, round_index = self.outer.state_dict(), self.round
+        body = pack_state(self.swarm, self.peer_id, round_index, weights, outer)
+        with self.cond:
+            self.bytes_sent += len(body)
+        return body
+
+    def data_body(self) -> bytes:
+        self._require_ready()
+        with self.cond:
+            self.bytes_sent += len(self.data_message)
+        return self.data_message
+
+    def _require_running(self) -> None:
+        if self.phase in ("done", "stopped"):
+            raise PeerError(410, f"this peer has {'finished its rounds' if self.phase == 'done' else 'stopped'} "
+                                 "and left the swarm; talk to another peer")
+
+    def precheck_update(self, round_index: int) -> None:
+        """Refuse before reading the body what can be refused on the round alone."""
+        self._require_ready()
+        self._require_running()
+        with self.cond:
+            try:
+                self.inbox.check_round(round_index)
+            except InboxRefusal as refusal:
+                self.updates_refused += 1
+                raise PeerError(refusal.status, refusal.detail, self.inbox.current_round) from None
+
+    def receive_update(self, round_index: int, body: bytes) -> UpdateAccepted:
+        """Check a partner's update completely, then file it; any refusal changes nothing but a counter."""
+        try:
+            update = parse_update(body, self.spec, swarm=self.swarm, round_index=round_index,
+                                  max_bytes=self.update_limit(), require_global=self.config.gossip.mix_weights)
+        except (MalformedMessage, ForeignMessage, WireError) as error:
+            self.count_refused()
+            status = 400 if isinstance(error, MalformedMessage) else 403 if isinstance(error, ForeignMessage) else 422
+            raise PeerError(status, str(error)) from None
+        with self.cond:
+            try:
+                self._require_running()
+                if update.peer_id not in self.membership.members or update.peer_id == self.peer_id:
+                    raise PeerError(403, f"update from {update.peer_id!r:.70}, not a member of this peer's swarm view; "
+                                         "join the swarm first (POST /v1/join)")
+                try:
+                    self.inbox.add(update)
+                except InboxRefusal as refusal:
+                    raise PeerError(refusal.status, refusal.detail, self.inbox.current_round) from None
+            except PeerError:
+                self.updates_refused += 1
+                raise
+            self.membership.heard_from(update.peer_id, round_index)
+            self.updates_accepted += 1
+            self.bytes_received += len(body)
+            self.cond.notify_all()
+            return UpdateAccepted(round=round_index, receiver_round=self.inbox.current_round)
+
+    def status(self) -> Status:
+        with self.cond:
+            members = self.membership.listing() if self.membership else []
+            return Status(swarm=self.swarm, peer_id=self.peer_id, url=self.advertise, phase=self.phase,
+                          round=self.round, rounds=self.config.rounds if self.config else 0, members=members,
+                          consensus_distance=self.last_cd, loss=self.last_loss, val_loss=self.last_val,
+                          initial_val_loss=self.initial_val,
+                          updates_accepted=self.updates_accepted, updates_refused=self.updates_refused,
+                          bytes_sent=self.bytes_sent, bytes_received=self.bytes_received,
+                          tokens_per_second=self.tokens_per_second, history=list(self.history))
