@@ -1,4 +1,4 @@
-"""The `coop` command: `coop train`, `coop simulate`, `coop info`."""
+"""The `coop` command: `coop train`, `coop simulate`, `coop swarm`, `coop info`."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # subcommand modules, each with add_parser(subparsers) that sets `run`
-SUBCOMMANDS = ["coop.train", "coop.simulate"]
+SUBCOMMANDS = ["coop.train", "coop.simulate", "coop.gossip.cli"]
 
 
 def _info(args) -> int:

@@ -29,7 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from coop import __version__
 
 from .page import render_page
-from .service import Coordinator, RequestError
+from .service import Coordinator
+from .updates import RequestError
 
 OCTET = "application/octet-stream"
 

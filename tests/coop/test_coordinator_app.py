@@ -177,7 +177,7 @@ def test_members_tokens_are_digests_and_checked_in_constant_time():
 
 
 def test_unpack_views_matches_wire_unpack_without_copies():
-    from coop.coordinator.service import unpack_views
+    from coop.coordinator.updates import unpack_views
     from coop.wire import WireError
 
     rng = np.random.default_rng(0)

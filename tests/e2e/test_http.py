@@ -81,17 +81,20 @@ def test_two_workers_train_and_the_global_loss_falls(tmp_path, procs):
 
 def test_a_worker_killed_mid_round_does_not_stop_the_run(tmp_path, procs):
     coordinator = procs(Coordinator(tmp_path, run_config(rounds={"max_rounds": 10}, inner={"steps": 20})))
-    workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(3)]
+    workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(4)]
     logs = [w.log for w in workers]
-    coordinator.wait_status(lambda s: s["round"] >= 2 and len(s["reports"]) < 3, 60, "round 2 in progress", logs)
+    coordinator.wait_status(lambda s: s["round"] >= 2 and len(s["reports"]) < 4, 60, "round 2 in progress", logs)
     workers[0].kill(signal.SIGKILL)
+    workers[3].kill(signal.SIGINT)  # Ctrl-C: leaves the run cleanly
+    assert workers[3].popen.returncode == 130 and "interrupted; leaving the run" in workers[3].output()
     status = coordinator.wait_status(lambda s: s["done"], 90, "the run to finish without worker0", logs)
     assert closed_rounds(status) == list(range(10))
     killed = next(w for w in status["workers"] if w["name"] == "worker0")
+    interrupted = next(w for w in status["workers"] if w["name"] == "worker3")
     last = status["history"][-1]
     assert last["contributors"] == 2 and killed["id"] not in last["workers"]
-    assert not killed["active"]
-    for worker in workers[1:]:
+    assert not killed["active"] and not killed["left"] and interrupted["left"]
+    for worker in workers[1:3]:
         assert worker.wait(30) == 0, worker.output()
 
 
