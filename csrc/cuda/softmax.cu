@@ -56,30 +56,6 @@ __global__ void softmax_forward_kernel(float* __restrict__ out, const float* __r
     }
 }
 
-// rows of up to 128 * 16 = 2048: one block of 128 threads per row, the row held in registers so
-// it is read from memory once.  x (N, L) -> out (N, L)
-constexpr int kRegThreads = 128, kRegPer = 16;
-__global__ void softmax_forward_reg_kernel(float* __restrict__ out, const float* __restrict__ x, int64_t L, bool log) {
-    int64_t row = blockIdx.x;
-    const float* xr = x + row * L;
-    float* o = out + row * L;
-    float v[kRegPer];
-    MaxSum ms{-INFINITY, 0.f};
-#pragma unroll
-    for (int k = 0; k < kRegPer; ++k) {
-        int64_t j = threadIdx.x + (int64_t)k * kRegThreads;
-        v[k] = j < L ? xr[j] : -INFINITY;
-        ms = add_value(ms, v[k]);
-    }
-    ms = block_merge(ms);
-    float lse = ms.m + logf(ms.s), inv = 1.f / ms.s;
-#pragma unroll
-    for (int k = 0; k < kRegPer; ++k) {
-        int64_t j = threadIdx.x + (int64_t)k * kRegThreads;
-        if (j < L) o[j] = log ? v[k] - lse : expf(v[k] - ms.m) * inv;
-    }
-}
-
 // softmax: dx = y (g - sum(g y));  log_softmax: dx = g - exp(y) sum(g)
 __global__ void softmax_backward_kernel(float* __restrict__ dx, const float* __restrict__ y, const float* __restrict__ g,
                                         int64_t L, bool log) {
@@ -143,11 +119,6 @@ int threads_for(int64_t L) {
 void softmax_forward(int device, float* out, const float* x, int64_t N, int64_t L, bool log) {
     if (N == 0 || L == 0) return;
     use_device(device);
-    if (L > 256 && L <= kRegThreads * kRegPer) {
-        softmax_forward_reg_kernel<<<(unsigned)N, kRegThreads, 0, stream(device)>>>(out, x, L, log);
-        check_launch(log ? "log_softmax" : "softmax");
-        return;
-    }
     softmax_forward_kernel<<<(unsigned)N, threads_for(L), 0, stream(device)>>>(out, x, L, log);
     check_launch(log ? "log_softmax" : "softmax");
 }
