@@ -165,10 +165,11 @@ class Tensor:
         return Tensor._wrap(self._backend.binary("add", self.data, 0), self.device)
 
     # DLPack: zero-copy exchange with other libraries (torch.from_dlpack(t))
-    def __dlpack__(self, stream=None, **kwargs):
+    def __dlpack__(self, stream=None, max_version=None, **kwargs):
         if self.device.type == "cpu":
-            return np.ascontiguousarray(self.data).__dlpack__(**({"stream": stream} if stream is not None else {}))
-        return self._backend.to_dlpack(self.data, stream)
+            extra = {"max_version": max_version} if max_version is not None else {}
+            return np.ascontiguousarray(self.data).__dlpack__(**({"stream": stream} if stream is not None else {}), **extra)
+        return self._backend.to_dlpack(self.data, stream, max_version=max_version)
 
     def __dlpack_device__(self):
         if self.device.type == "cpu":
