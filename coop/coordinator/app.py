@@ -122,7 +122,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
                   description="DiLoCo training over HTTP: workers pull the global weights and push pseudo-gradients.")
     app.state.coordinator = coordinator
     c = coordinator
-    json_limit = c.config.limits.max_json_bytes
+    json_limit = c.config.coordinator.max_json_bytes
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, error: RequestError) -> JSONResponse:

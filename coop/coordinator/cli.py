@@ -44,13 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="exit this many seconds after the last round (default: keep serving the status page)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(run=_serve)
-    example = sub.add_parser("example-config", help="print a run config with the defaults, to edit")
+    example = sub.add_parser("example-config", help="print a run config with the defaults, to edit (the same file serves `coop swarm start`)")
     example.set_defaults(run=_example)
     return parser
 
 
 def _example(args) -> int:
-    from .config import EXAMPLE_TOML
+    from coop.runconfig import EXAMPLE_TOML
 
     sys.stdout.write(EXAMPLE_TOML)
     return 0
@@ -66,8 +66,9 @@ def _read_token(args) -> str | None:
 
 
 def _serve(args) -> int:
+    from coop.runconfig import ConfigError, load_run_config
+
     from .app import create_app
-    from .config import ConfigError, load_run_config
     from .service import Coordinator
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

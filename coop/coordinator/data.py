@@ -11,12 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.data import (BPETokenizer, CharTokenizer, TokenDataset, default_corpus, encode_corpus, load_tokenizer)
-from engine.data.tokenizer import write_text_atomic
-
+from coop.runconfig import DataSection
 from coop.wire import pack
-
-from .config import DataSection
+from engine.data import TokenDataset, encode_corpus, load_tokenizer
+from engine.data.tokenizer import write_text_atomic
 
 log = logging.getLogger("coop.coordinator")
 
@@ -55,16 +53,6 @@ class RunData:
                 "train_tokens": len(self.train), "val_tokens": len(self.val), "shards": self.section.shards}
 
 
-def _corpus_text(section: DataSection) -> str:
-    if section.path == "default":
-        return default_corpus(section.default_chars)
-    path = Path(section.path)
-    if not path.is_file():
-        raise FileNotFoundError(f"data.path = {section.path!r}: no such file on the coordinator; give a UTF-8 "
-                                "text file or \"default\"")
-    return path.read_text(encoding="utf-8", errors="replace")
-
-
 def prepare_data(section: DataSection, data_dir: Path, block_size: int) -> RunData:
     """Tokenize the corpus into `data_dir` the first time; later starts reuse the files, as long
     as they were made from the same data section (recorded in data_dir/section.json)."""
@@ -80,12 +68,9 @@ def prepare_data(section: DataSection, data_dir: Path, block_size: int) -> RunDa
         except (OSError, ValueError) as error:
             log.warning("data: cannot reuse %s (%s); tokenizing again", tokens_path, error)
     section_path.unlink(missing_ok=True)  # written last: its presence means the files below are complete
-    text = _corpus_text(section)
+    text = section.corpus_text()
     log.info("data: tokenizing %d characters with a %s tokenizer", len(text), section.tokenizer)
-    if section.tokenizer == "char":
-        tokenizer = CharTokenizer.from_text(text)
-    else:
-        tokenizer = BPETokenizer.train(texts=[text], vocab_size=section.vocab_size)
+    tokenizer = section.new_tokenizer(text)
     write_text_atomic(tokenizer_path, tokenizer.to_json())
     tokens = encode_corpus(text, tokenizer, tokens_path)
     write_text_atomic(section_path, json.dumps(wanted))

@@ -18,20 +18,19 @@ from typing import Any
 import numpy as np
 
 import engine
-from engine.nn import GPT, GPTConfig
-
 from coop import __version__
-from coop.diloco import Aggregator, NesterovSGD, global_norm, shapes_of
+from coop.diloco import Aggregator, global_norm, shapes_of
 from coop.replica import load_weights, weights_of
+from coop.runconfig import RunConfig
 from coop.wire import pack, spec_of
+from engine.nn import GPT
 
-from .config import RunConfig, default_update_limit
 from .data import RunData, prepare_data
 from .members import Members, WorkerRecord, tokens_equal
 from .metrics import CoordinatorMetrics
 from .rounds import DeadlinePolicy, Phase, Report, RoundMachine, StaleRound
 from .state import load_run, save_members, save_round
-from .updates import RequestError, check_update
+from .updates import RequestError, check_update, default_update_limit
 
 log = logging.getLogger("coop.coordinator")
 
@@ -52,13 +51,8 @@ class Coordinator:
             raise ValueError(f"{self.state_dir} holds no run yet; give a run config (--config run.toml) to start one")
         self.config = config
         self.data: RunData = prepare_data(config.data, self.state_dir / "data", config.model.block_size)
-        vocab = config.model.vocab_size or self.data.vocab_size
-        if vocab < self.data.vocab_size:
-            raise ValueError(f"model.vocab_size {vocab} is smaller than the tokenizer's {self.data.vocab_size}; "
-                             "leave it out or make it larger")
-        self.model_config = GPTConfig(vocab_size=vocab, **config.model.model_dump(exclude={"vocab_size"}))
-        o = config.outer
-        self.outer = NesterovSGD(o.lr, o.momentum, o.nesterov, o.warmup_steps)
+        self.model_config = config.gpt_config(self.data.vocab_size)
+        self.outer = config.outer_optimizer()
         now = clock()
         if saved is None:
             engine.manual_seed(config.seed)
@@ -70,6 +64,7 @@ class Coordinator:
             self.weights = saved.weights
             self.outer.load_state_dict(saved.outer_state)
             # hyper-parameters come from the (possibly edited) config; the momentum and step count from the state
+            o = config.outer
             self.outer.lr, self.outer.momentum, self.outer.nesterov = o.lr, o.momentum, o.nesterov
             self.outer.warmup_steps = o.warmup_steps
             self.history = saved.history
@@ -78,13 +73,12 @@ class Coordinator:
         self.shapes = shapes_of(self.weights)
         self.spec = spec_of(self.weights)
         self.n_params = sum(a.size for a in self.weights.values())
-        self.max_update_bytes = config.limits.max_update_bytes or default_update_limit(self.n_params, len(self.weights))
+        self.max_update_bytes = config.coordinator.max_update_bytes or default_update_limit(self.n_params, len(self.weights))
         self.max_tokens = config.inner.steps * config.inner.batch_size * config.model.block_size
-        agg = config.aggregation
-        self.aggregator = Aggregator(self.shapes, max_norm=agg.max_norm, trim_fraction=agg.trim_fraction)
-        r = config.rounds
-        self.machine = RoundMachine(first_round, r.max_rounds, r.min_workers, r.quorum_fraction,
-                                    DeadlinePolicy(r.deadline_factor, r.min_deadline_s, r.max_deadline_s), now)
+        c = config.coordinator
+        self.aggregator = Aggregator(self.shapes, max_norm=c.max_norm, trim_fraction=c.trim_fraction)
+        self.machine = RoundMachine(first_round, config.rounds.max_rounds, c.min_workers, c.quorum_fraction,
+                                    DeadlinePolicy(c.deadline_factor, c.min_deadline_s, c.max_deadline_s), now)
         self.metrics = CoordinatorMetrics()
         self.totals = {"bytes_in": 0, "bytes_out": 0, "updates_accepted": 0, "updates_rejected": 0}
         self._round_bytes_in = 0
@@ -111,7 +105,7 @@ class Coordinator:
     # -- set-up -----------------------------------------------------------------------------------
     @staticmethod
     def _reconcile(given: RunConfig, saved: RunConfig) -> RunConfig:
-        """Resuming: model, data and seed must match the saved run; rounds, limits and optimizers may change."""
+        """Resuming: model, data and seed must match the saved run; rounds, [coordinator] and optimizers may change."""
         if given.training_identity() != saved.training_identity():
             diff = [k for k in ("seed", "model", "data") if given.training_identity()[k] != saved.training_identity()[k]]
             raise ValueError(f"the state directory holds a run with another {' and '.join(diff)} than the config given; "
@@ -121,7 +115,7 @@ class Coordinator:
     async def start(self) -> None:
         self._lock = asyncio.Lock()
         self._round_event = asyncio.Event()
-        self.upload_slots = asyncio.Semaphore(self.config.limits.concurrent_uploads)
+        self.upload_slots = asyncio.Semaphore(self.config.coordinator.concurrent_uploads)
         self._wake = asyncio.Event()
         self._ticker = asyncio.create_task(self._tick_forever())
 
@@ -168,17 +162,15 @@ class Coordinator:
         raise RequestError(401, "the status endpoint needs the run's access token or a worker token")
 
     def join(self, name: str, device: str) -> dict[str, Any]:
-        timeout = self.config.rounds.worker_timeout_s
-        if len(self.members.active(self.clock(), timeout)) >= self.config.limits.max_workers:
-            raise RequestError(503, f"the run is full ({self.config.limits.max_workers} active workers); try again later")
+        timeout = self.config.coordinator.worker_timeout_s
+        if len(self.members.active(self.clock(), timeout)) >= self.config.coordinator.max_workers:
+            raise RequestError(503, f"the run is full ({self.config.coordinator.max_workers} active workers); try again later")
         record, token = self.members.join(name, device, self.clock(), self.machine.number, timeout)
         save_members(self.state_dir, self.members.to_json())
         self.metrics.workers_joined.inc()
         log.info("worker %s (%s, %s) joined at round %d with shard %d", record.id, record.name, record.device,
                  self.machine.number, record.shard)
         c = self.config
-        inner = c.inner.model_dump(exclude={"steps", "total_steps"})
-        inner.update(total_steps=c.inner_total_steps(), block_size=c.model.block_size)
         return {
             "worker_id": record.id,
             "worker_token": token,
@@ -186,13 +178,13 @@ class Coordinator:
             "done": self.machine.done,
             "max_rounds": c.rounds.max_rounds,
             "inner_steps": c.inner.steps,
-            "inner": inner,
+            "inner": asdict(c.inner_config()),
             "model": asdict(self.model_config),
             "compression": c.compression.model_dump(),
             "shard": {"index": record.shard, "count": c.data.shards, "tokens": len(self.data.shard(record.shard))},
             "tokenizer": self.data.tokenizer.info(),
             "data_id": self.data.data_id,
-            "heartbeat_s": c.rounds.heartbeat_s,
+            "heartbeat_s": c.coordinator.heartbeat_s,
             "seed": (c.seed * 1_000_003 + self.members.next_index) % 2**32,
             "max_update_bytes": self.max_update_bytes,
         }
@@ -287,7 +279,7 @@ class Coordinator:
 
     # -- closing a round -----------------------------------------------------------------------------
     def active_workers(self) -> set[str]:
-        return self.members.active(self.clock(), self.config.rounds.worker_timeout_s)
+        return self.members.active(self.clock(), self.config.coordinator.worker_timeout_s)
 
     async def _maybe_close(self) -> None:
         """Under the lock: close the open round if its rule says so."""
@@ -411,7 +403,7 @@ class Coordinator:
     # -- status ----------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         now = self.clock()
-        timeout = self.config.rounds.worker_timeout_s
+        timeout = self.config.coordinator.worker_timeout_s
         current = self.machine.round
         active = self.members.active(now, timeout)
         return {

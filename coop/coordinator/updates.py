@@ -58,6 +58,12 @@ def check_update(body: bytes | bytearray, round_number: int, *, shapes: Mapping[
     return update, meta
 
 
+def default_update_limit(n_params: int, n_tensors: int) -> int:
+    """Largest honest update: fp32 values (the largest codec except topk with ratio near 1, which
+    sends 8 bytes per kept value) plus the safetensors header, with some slack."""
+    return int(math.ceil(8 * n_params + 512 * n_tensors + 65536))
+
+
 def unpack_views(body: bytearray, max_bytes: int) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """`coop.wire.unpack` without its copies: the same header checks (wire's own), then arrays
     that are views into `body`. For a 0.5 GB fp32 update this saves three copies and ~1.8 s of a

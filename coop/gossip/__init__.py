@@ -1,7 +1,7 @@
 """Peer-to-peer mode: peers that train and serve each other over HTTP, merged by gossip (docs/p2p.md).
+The run config is coop.runconfig.RunConfig (its [gossip] section), the same as the coordinator's.
 
     merge.py       the gossip merge rule (shared with `coop simulate --topology gossip`)
-    config.py      SwarmConfig, the run config a swarm is started with
     protocol.py    JSON messages (pydantic); payload.py: binary messages (safetensors)
     membership.py  member lists, heartbeats' bookkeeping, dead-peer removal
     inbox.py       received updates, by round

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 
 START_DESCRIPTION = ("Start a peer-to-peer swarm: this process is its first peer; others join with "
                      "`coop-worker join http://THIS-HOST:PORT` (through this peer or any other live one).")
@@ -29,7 +30,8 @@ def add_peer_options(parser: argparse.ArgumentParser, default_port: int | None) 
 
 
 def add_start_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="run config (.toml, .yaml or .json; see docs/p2p.md); default: a tiny GPT")
+    parser.add_argument("--config", help="run config (.toml, .yaml or .json; `coop swarm example-config` prints one, "
+                        "the same file `coop-coordinator serve` reads); default: its defaults, a small GPT")
     parser.add_argument("--wait-peers", type=int, default=1, help="start round 0 once this many peers (this one "
                         "included) are in the swarm (default: %(default)s, start at once)")
     add_peer_options(parser, 8500)
@@ -53,14 +55,25 @@ def _sigterm_as_interrupt(signum, frame):  # docker stop / kubectl delete: leave
 
 
 def start_from_args(args: argparse.Namespace) -> int:
-    from coop.gossip.config import SwarmConfig, load_config
     from coop.gossip.peer import start_swarm
+    from coop.runconfig import ConfigError, RunConfig, load_run_config
 
-    config = load_config(args.config) if args.config else SwarmConfig()
+    try:
+        config = load_run_config(args.config) if args.config else RunConfig()
+    except ConfigError as error:
+        print(f"coop swarm start: {error}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     return start_swarm(config, host=args.host, port=args.port, token=args.token or os.environ.get("COOP_TOKEN"),
                        advertise=args.advertise, device=args.device, wait_peers=args.wait_peers, quiet=args.quiet,
                        peer_id=args.peer_id, linger=args.linger)
+
+
+def _print_example(args: argparse.Namespace) -> int:
+    from coop.runconfig import EXAMPLE_TOML
+
+    sys.stdout.write(EXAMPLE_TOML)
+    return 0
 
 
 def add_parser(subparsers) -> None:
@@ -72,6 +85,10 @@ def add_parser(subparsers) -> None:
     start = commands.add_parser("start", help="start a swarm as its first peer", description=START_DESCRIPTION)
     add_start_options(start)
     start.set_defaults(run=start_from_args)
+    example = commands.add_parser("example-config", help="print a run config with the defaults, to edit",
+                                  description="The same file as `coop-coordinator example-config`: one run "
+                                              "config serves both modes ([coordinator] and [gossip] sections).")
+    example.set_defaults(run=_print_example)
 
     def _help(args: argparse.Namespace) -> int:
         swarm.print_help()

@@ -15,7 +15,6 @@ import numpy as np
 
 from coop import __version__
 from coop.diloco import NesterovSGD
-from coop.gossip.config import SwarmConfig, gossip_body_limit
 from coop.gossip.inbox import Inbox, InboxRefusal
 from coop.gossip.membership import Membership
 from coop.gossip.payload import (
@@ -23,6 +22,7 @@ from coop.gossip.payload import (
     MalformedMessage,
     pack_state,
     parse_update,
+    update_limit,
 )
 from coop.gossip.protocol import (
     Heartbeat,
@@ -37,6 +37,7 @@ from coop.gossip.protocol import (
 )
 from coop.gossip.server import PeerError, ServerThread
 from coop.replica import Replica
+from coop.runconfig import RunConfig
 from coop.wire import WireError
 from engine.data import TokenDataset
 
@@ -57,7 +58,7 @@ class PeerState:
         self.ready = False
         self.phase = "starting"
         self.swarm = ""
-        self.config: SwarmConfig | None = None
+        self.config: RunConfig | None = None
         self.round = 0
         self.membership: Membership | None = None
         self.inbox = Inbox()
@@ -101,7 +102,7 @@ class PeerState:
 
     def update_limit(self) -> int:
         self._require_ready()
-        return gossip_body_limit(self.config, {n: s.shape for n, s in self.spec.items()})
+        return update_limit(self.config.codec(), {n: s.shape for n, s in self.spec.items()}, self.config.gossip.mix_weights)
 
     def info(self) -> PeerInfo:
         return PeerInfo(version=__version__, swarm=self.swarm, peer_id=self.peer_id, round=self.round, ready=self.ready)
@@ -216,7 +217,7 @@ class PeerState:
         with self.cond:
             members = self.membership.listing() if self.membership else []
             return Status(swarm=self.swarm, peer_id=self.peer_id, url=self.advertise, phase=self.phase,
-                          round=self.round, rounds=self.config.rounds if self.config else 0, members=members,
+                          round=self.round, rounds=self.config.rounds.max_rounds if self.config else 0, members=members,
                           consensus_distance=self.last_cd, loss=self.last_loss, val_loss=self.last_val,
                           initial_val_loss=self.initial_val,
                           updates_accepted=self.updates_accepted, updates_refused=self.updates_refused,

@@ -118,6 +118,15 @@ def parse_state(body: bytes, spec: dict[str, TensorSpec], max_bytes: int) -> tup
     return metadata["round"], global_weights, outer, metadata
 
 
+def update_limit(codec: Codec, shapes: dict[str, tuple[int, ...]], mix_weights: bool) -> int:
+    """Largest update message a peer accepts: the exact payload (encoded pseudo-gradient, plus the
+    fp32 global weights when mixing) plus room for the safetensors header and metadata."""
+    payload = codec.payload_nbytes(shapes)
+    if mix_weights:
+        payload += sum(4 * math.prod(s) for s in shapes.values())
+    return payload + 512 * 4 * len(shapes) + (1 << 16)
+
+
 def pack_data(tokens: np.ndarray, tokenizer_json: str) -> bytes:
     return pack({"tokens": tokens}, {"tokenizer": tokenizer_json})
 

@@ -25,7 +25,6 @@ import numpy as np
 
 import engine
 from coop.diloco import NesterovSGD, aggregate
-from coop.gossip.config import SwarmConfig
 from coop.gossip.membership import Membership
 from coop.gossip.merge import consensus_distance, partners_of, round_rng
 from coop.gossip.node import PeerState
@@ -42,14 +41,9 @@ from coop.gossip.protocol import (
 from coop.gossip.server import ServerThread, create_app
 from coop.progress import Progress
 from coop.replica import Replica
+from coop.runconfig import RunConfig
 from coop.wire import spec_of
-from engine.data import (
-    CharTokenizer,
-    TokenDataset,
-    default_corpus,
-    encode_corpus_in_memory,
-    tokenizer_from_json,
-)
+from engine.data import TokenDataset, encode_corpus_in_memory, tokenizer_from_json
 from engine.nn import GPT
 
 CHUNK = 8 << 20  # upload bodies in 8 MB memoryview slices: httpx is ~6x faster than with one bytes body
@@ -83,10 +77,10 @@ class PeerNode(PeerState):
 
     def _client(self, timeout: float | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        t = timeout if timeout is not None else (self.config.gossip.request_timeout if self.config else 30.0)
+        t = timeout if timeout is not None else (self.config.gossip.request_timeout_s if self.config else 30.0)
         return httpx.Client(headers=headers, timeout=t)
 
-    def _build(self, config: SwarmConfig, tokens: np.ndarray, tokenizer_json: str, init: bool) -> None:
+    def _build(self, config: RunConfig, tokens: np.ndarray, tokenizer_json: str, init: bool) -> None:
         """Model, replica and data from the config and the swarm's tokens (both kinds of peer)."""
         tokenizer = tokenizer_from_json(tokenizer_json)
         data = TokenDataset(tokens, tokenizer.info())
@@ -107,27 +101,20 @@ class PeerNode(PeerState):
             self.outer = config.outer_optimizer()
         self.spec = spec_of(self.replica.weights())
 
-    def setup_new_swarm(self, config: SwarmConfig) -> None:
+    def setup_new_swarm(self, config: RunConfig) -> None:
         """The first peer: tokenizes the corpus, initialises the weights, round 0."""
-        if config.data.files:
-            from pathlib import Path
-
-            texts = []
-            for name in config.data.files:
-                if not Path(name).is_file():
-                    raise SystemExit(f"swarm config: data file {name}: no such file")
-                texts.append(Path(name).read_text(encoding="utf-8", errors="replace"))
-            text = "\n".join(texts)
-        else:
-            text = default_corpus(config.data.default_corpus_chars)
-        tokenizer = CharTokenizer.from_text(text)
+        try:
+            text = config.data.corpus_text()
+        except FileNotFoundError as error:
+            raise SystemExit(f"run config: {error}") from None
+        tokenizer = config.data.new_tokenizer(text)
         dataset = encode_corpus_in_memory(text, tokenizer)
         self._build(config, dataset.tokens, tokenizer.to_json(), init=True)
         with self.cond:
             self.swarm = secrets.token_hex(8)
             self.round = 0
             me = Member(peer_id=self.peer_id, url=self.advertise, active_from=0, round=0)
-            self.membership = Membership(me, config.gossip.dead_after)
+            self.membership = Membership(me, config.gossip.dead_after_s)
             self.ready = True
         self.log(f"started swarm {self.swarm} at {self.advertise} "
                  f"({sum(math.prod(s.shape) for s in self.spec.values()):,} parameters)")
@@ -139,7 +126,7 @@ class PeerNode(PeerState):
             info = PeerInfo.model_validate(self._get_json(client, f"{url}/v1/info"))
             reply = JoinReply.model_validate(self._post_json(client, f"{url}/v1/join",
                                                              JoinRequest(peer_id=self.peer_id, url=self.advertise)))
-            config = SwarmConfig.model_validate(reply.config)
+            config = RunConfig.model_validate(reply.config)
             data_body = self._get_bytes(client, f"{url}/v1/data")
             tokens, tokenizer_json = parse_data(data_body, max_bytes=1 << 34)
             self._build(config, tokens, tokenizer_json, init=False)
@@ -154,7 +141,7 @@ class PeerNode(PeerState):
             self.round = round_index
             self.inbox.close(round_index - 1) if round_index > 0 else None
             me = Member(peer_id=self.peer_id, url=self.advertise, active_from=reply.active_from, round=round_index)
-            self.membership = Membership(me, config.gossip.dead_after)
+            self.membership = Membership(me, config.gossip.dead_after_s)
             self.membership.merge([m for m in reply.members if m.peer_id != self.peer_id])
             self.membership.heard_from(info.peer_id)
             self.bytes_received += len(data_body) + len(state_body)
@@ -190,7 +177,7 @@ class PeerNode(PeerState):
     # Heartbeats.
 
     def heartbeat_loop(self) -> None:
-        interval = self.config.gossip.heartbeat_interval
+        interval = self.config.gossip.heartbeat_s
         while not self.stopping.wait(interval):
             with self.cond:
                 targets = self.membership.others()
@@ -288,7 +275,7 @@ class PeerNode(PeerState):
             own_weights = self.global_weights
         body = pack_update(self.swarm, self.peer_id, round_index, tokens, loss, self.config.codec(), pseudo_gradient,
                            own_weights if gossip.mix_weights else None)
-        deadline = time.monotonic() + gossip.exchange_timeout
+        deadline = time.monotonic() + gossip.exchange_timeout_s
         sent: set[str] = set()
         with self.cond:
             while True:
@@ -320,7 +307,7 @@ class PeerNode(PeerState):
                 self.inbox.close(next_round - 1)
             self.exchange_round = -1
         if pending:
-            self.log(f"round {round_index}: no update from {sorted(pending)} within {gossip.exchange_timeout:g}s; "
+            self.log(f"round {round_index}: no update from {sorted(pending)} within {gossip.exchange_timeout_s:g}s; "
                      "going on without")
 
         # merge (rule 2 and 3 of coop.gossip.merge), then the outer step on our own copy
@@ -354,24 +341,25 @@ class PeerNode(PeerState):
 
     def run(self) -> None:
         config = self.config
-        progress = Progress(total=config.rounds or 1, start=self.round, quiet=self.quiet)
-        if config.eval_every:  # the starting point, so that "the loss fell" can be read off the status
+        rounds = config.rounds
+        progress = Progress(total=rounds.max_rounds, start=self.round, quiet=self.quiet)
+        if rounds.eval_every:  # the starting point, so that "the loss fell" can be read off the status
             self.replica.load_global(self.global_weights)
-            self.initial_val = self.replica.evaluate(self.val_data, config.eval_batches)
-        while not self.stopping.is_set() and (config.rounds == 0 or self.round < config.rounds):
+            self.initial_val = self.replica.evaluate(self.val_data, rounds.eval_batches)
+        while not self.stopping.is_set() and self.round < rounds.max_rounds:
             round_index = self.round
             with self.cond:
                 self.phase = "training"
                 weights = self.global_weights
             started = time.perf_counter()
-            result = self.replica.run_round(weights, config.inner_steps)
+            result = self.replica.run_round(weights, config.inner.steps)
             train_seconds = time.perf_counter() - started
             partners, received, cd, next_round = self.exchange(round_index, result.pseudo_gradient, result.tokens,
                                                                result.mean_loss)
             val_loss = None
-            if config.eval_every and (round_index + 1) % config.eval_every == 0:
+            if rounds.eval_every and (round_index + 1) % rounds.eval_every == 0:
                 self.replica.load_global(self.global_weights)
-                val_loss = self.replica.evaluate(self.val_data, config.eval_batches)
+                val_loss = self.replica.evaluate(self.val_data, rounds.eval_batches)
             record = RoundRecord(round=round_index, loss=result.mean_loss if math.isfinite(result.mean_loss) else None,
                                  val_loss=val_loss, consensus_distance=cd, partners=partners, received_from=received,
                                  seconds=time.perf_counter() - started)
@@ -451,10 +439,10 @@ def _serve_and_run(node: PeerNode, setup, host: str, port: int, wait_peers: int 
     return 0
 
 
-def start_swarm(config: SwarmConfig, *, host: str = "127.0.0.1", port: int = 8500, token: str | None = None,
+def start_swarm(config: RunConfig, *, host: str = "127.0.0.1", port: int = 8500, token: str | None = None,
                 advertise: str | None = None, device: str = "cpu", wait_peers: int = 1, quiet: bool = False,
                 peer_id: str | None = None, linger: float = 0.0) -> int:
-    """Run the first peer of a new swarm until `config.rounds` rounds are done (or Ctrl-C)."""
+    """Run the first peer of a new swarm until `config.rounds.max_rounds` rounds are done (or Ctrl-C)."""
     port = port or _free_port(host)
     node = PeerNode(token=token, advertise=advertise or _default_advertise(host, port), device=device, quiet=quiet,
                     peer_id=peer_id)

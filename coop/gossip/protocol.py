@@ -51,7 +51,7 @@ class JoinReply(_Message):
     peer_id: str = Field(description="the peer that answered")
     round: int
     active_from: int = Field(description="the newcomer's first round in groups")
-    config: dict[str, Any] = Field(description="the swarm's SwarmConfig")
+    config: dict[str, Any] = Field(description="the swarm's run config (coop.runconfig.RunConfig)")
     members: list[Member]
 
 

@@ -64,6 +64,19 @@ bool staged_upload(void* dst, const void* src, std::size_t nbytes, int device) {
 
 void bind_ops(py::module_& m);
 void bind_dlpack(py::module_& m);
+void bind_graphs(py::module_& m);
+
+// Host transfers and waits cannot be part of a captured graph: a replay would reuse the host data of
+// the capture, and a wait would wait for work that is only being recorded. Say so, by name.
+static void refuse_in_capture(int device, const char* what) {
+    if (capturing(device))
+        throw CudaError(std::string("engine: ") + what + " inside a CUDA graph capture on cuda:" +
+                        std::to_string(device) +
+                        ": a captured step cannot read or write host memory or wait for the GPU (.item(), "
+                        ".numpy(), print(tensor), engine.tensor(host_data, device='cuda')); pass host data as an "
+                        "input of the step and read results after it");
+}
+void bind_fused(py::module_& m);  // bind_fused.cpp
 
 void bind_cuda(py::module_& m) {
     py::register_exception<CudaError>(m, "CudaError", PyExc_RuntimeError);
@@ -73,6 +86,7 @@ void bind_cuda(py::module_& m) {
     m.def("device_count", &device_count);
     m.def("cuda_status", &cuda_status, "'' when a GPU is usable, else why not.");
     m.def("synchronize", [](int device) {
+        refuse_in_capture(device, "synchronize()");
         py::gil_scoped_release nogil;
         use_device(device);
         check(cudaStreamSynchronize(stream(device)), "synchronize");
@@ -124,6 +138,7 @@ void bind_cuda(py::module_& m) {
     m.def("copy_from_host", [](std::uintptr_t dst, py::buffer src, std::size_t nbytes, int device) {
         py::buffer_info info = src.request();
         if ((std::size_t)(info.size * info.itemsize) < nbytes) throw std::runtime_error("copy_from_host: source too small");
+        refuse_in_capture(device, "a host-to-device copy");
         use_device(device);
         if (staged_upload(reinterpret_cast<void*>(dst), info.ptr, nbytes, device)) return;
         check(cudaMemcpyAsync(reinterpret_cast<void*>(dst), info.ptr, nbytes, cudaMemcpyHostToDevice, stream(device)),
@@ -133,6 +148,7 @@ void bind_cuda(py::module_& m) {
     m.def("copy_to_host", [](py::buffer dst, std::uintptr_t src, std::size_t nbytes, int device) {
         py::buffer_info info = dst.request(true);
         if ((std::size_t)(info.size * info.itemsize) < nbytes) throw std::runtime_error("copy_to_host: destination too small");
+        refuse_in_capture(device, "a device-to-host copy");
         void* hptr = info.ptr;
         py::gil_scoped_release nogil;
         use_device(device);
@@ -169,6 +185,7 @@ void bind_cuda(py::module_& m) {
 
     bind_ops(m);
     bind_dlpack(m);
+    bind_fused(m);
 }
 
 }  // namespace engine

@@ -1,6 +1,7 @@
 // Elementwise kernels: binary arithmetic and comparisons (same-shape, scalar and broadcast forms),
 // unary activations and their fused backward, where, dtype conversion, fill and arange.
 #include "common.cuh"
+#include "fused.h"
 #include "ops.h"
 
 namespace engine {
@@ -519,6 +520,7 @@ void binary(int device, int op, int dtype, void* out, const void* a, const void*
         case I32: binary_typed<int32_t>(device, op, out, a, b, scalar, mode, s, n); break;
         case U8: binary_typed<uint8_t>(device, op, out, a, b, scalar, mode, s, n); break;
         case BOOL: binary_typed<uint8_t, true>(device, op, out, a, b, scalar, mode, s, n); break;
+        case BF16: binary_bf16(device, op, out, a, b, scalar, mode, s, n); break;
         default: unsupported("binary", dtype);
     }
     check_launch("binary");
@@ -532,6 +534,7 @@ void unary(int device, int op, int dtype, void* out, const void* x, int64_t n) {
         case F64: unary_float<double>(device, op, out, x, n); break;
         case I64: unary_int<int64_t>(device, op, out, x, n); break;
         case I32: unary_int<int32_t>(device, op, out, x, n); break;
+        case BF16: unary_bf16(device, op, out, x, n); break;
         default: unsupported("unary", dtype);
     }
     check_launch("unary");
@@ -558,6 +561,8 @@ void act_backward(int device, int op, int dtype, void* dx, const void* x, const 
     } else if (dtype == F64) {
         if (op == RELU) act_backward_kernel<double, RELU><<<grid, kThreads, 0, st>>>((double*)dx, (const double*)x, (const double*)g, n);
         else act_backward_kernel<double, GELU><<<grid, kThreads, 0, st>>>((double*)dx, (const double*)x, (const double*)g, n);
+    } else if (dtype == BF16) {
+        act_backward_bf16(device, op, dx, x, g, n);
     } else {
         unsupported(op == RELU ? "relu_backward" : "gelu_backward", dtype);
     }
@@ -574,6 +579,7 @@ void where(int device, int dtype, void* out, const void* cond, const void* a, co
         case I64: where_typed<int64_t>(device, out, cond, a, b, sa, sb, as, bs, s, n); break;
         case I32: where_typed<int32_t>(device, out, cond, a, b, sa, sb, as, bs, s, n); break;
         case U8: case BOOL: where_typed<uint8_t>(device, out, cond, a, b, sa, sb, as, bs, s, n); break;
+        case BF16: where_bf16(device, out, cond, a, b, sa, sb, as, bs, s, n); break;
         default: unsupported("where", dtype);
     }
     check_launch("where");

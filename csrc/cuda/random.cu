@@ -1,6 +1,10 @@
 // Counter-based random numbers (Philox4x32-10, Salmon et al. 2011): element i of a draw uses
 // counter (i / 4, offset) and key `seed`, so results depend only on (seed, offset, i).
+// Inside a captured CUDA graph the seed is a kernel parameter baked at capture time, so the key
+// also mixes in the device's random epoch (graph.h), which every replay advances: each replay
+// draws new numbers. Outside a capture `epoch` is null and the key is the seed alone.
 #include "common.cuh"
+#include "graph.h"
 #include "ops.h"
 
 namespace engine {
@@ -19,6 +23,11 @@ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
     return c;
 }
 
+// the Philox key of a draw: the seed, moved along by the graph epoch when replaying a capture
+__device__ __forceinline__ uint64_t draw_key(uint64_t seed, const uint64_t* epoch) {
+    return epoch == nullptr ? seed : seed + *epoch * 0x9E3779B97F4A7C15ull;
+}
+
 __device__ __forceinline__ float u01(uint32_t x) { return (x >> 8) * (1.0f / 16777216.0f); }  // [0, 1)
 
 __device__ __forceinline__ uint4 draw(uint64_t group, uint64_t seed, uint64_t offset) {
@@ -29,7 +38,9 @@ __device__ __forceinline__ uint4 draw(uint64_t group, uint64_t seed, uint64_t of
 
 // out (n,) = 0 with probability p, else 1/(1-p)
 template <typename T>
-__global__ void dropout_mask_kernel(T* __restrict__ out, int64_t n, float p, T scale, uint64_t seed, uint64_t offset) {
+__global__ void dropout_mask_kernel(T* __restrict__ out, int64_t n, float p, T scale, uint64_t seed, uint64_t offset,
+                                    const uint64_t* __restrict__ epoch) {
+    seed = draw_key(seed, epoch);
     int64_t groups = (n + 3) / 4;
     for (int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += (int64_t)gridDim.x * blockDim.x) {
         uint4 r = draw(gi, seed, offset);
@@ -42,7 +53,9 @@ __global__ void dropout_mask_kernel(T* __restrict__ out, int64_t n, float p, T s
     }
 }
 
-__global__ void uniform_kernel(float* __restrict__ out, int64_t n, uint64_t seed, uint64_t offset) {
+__global__ void uniform_kernel(float* __restrict__ out, int64_t n, uint64_t seed, uint64_t offset,
+                               const uint64_t* __restrict__ epoch) {
+    seed = draw_key(seed, epoch);
     int64_t groups = (n + 3) / 4;
     for (int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += (int64_t)gridDim.x * blockDim.x) {
         uint4 r = draw(gi, seed, offset);
@@ -54,7 +67,9 @@ __global__ void uniform_kernel(float* __restrict__ out, int64_t n, uint64_t seed
 }
 
 // Box-Muller on pairs
-__global__ void normal_kernel(float* __restrict__ out, int64_t n, uint64_t seed, uint64_t offset) {
+__global__ void normal_kernel(float* __restrict__ out, int64_t n, uint64_t seed, uint64_t offset,
+                              const uint64_t* __restrict__ epoch) {
+    seed = draw_key(seed, epoch);
     int64_t groups = (n + 3) / 4;
     for (int64_t gi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; gi < groups; gi += (int64_t)gridDim.x * blockDim.x) {
         uint4 r = draw(gi, seed, offset);
@@ -67,17 +82,27 @@ __global__ void normal_kernel(float* __restrict__ out, int64_t n, uint64_t seed,
     }
 }
 
+__global__ void epoch_advance_kernel(uint64_t* epoch) { *epoch += 1; }
+
 }  // namespace
+
+void rng_epoch_advance(int device, uint64_t* epoch) {
+    use_device(device);
+    epoch_advance_kernel<<<1, 1, 0, stream(device)>>>(epoch);
+    check_launch("graph rng epoch");
+}
 
 void dropout_mask(int device, int dtype, void* out, int64_t n, float p, uint64_t seed, uint64_t offset) {
     if (n == 0) return;
     use_device(device);
     unsigned int grid = blocks_for((n + 3) / 4, 256);
     cudaStream_t st = stream(device);
+    const uint64_t* epoch = capture_rng_epoch(device);
     if (dtype == F32)
-        dropout_mask_kernel<float><<<grid, 256, 0, st>>>((float*)out, n, p, 1.0f / (1.0f - p), seed, offset);
+        dropout_mask_kernel<float><<<grid, 256, 0, st>>>((float*)out, n, p, 1.0f / (1.0f - p), seed, offset, epoch);
     else if (dtype == F64)
-        dropout_mask_kernel<double><<<grid, 256, 0, st>>>((double*)out, n, p, 1.0 / (1.0 - (double)p), seed, offset);
+        dropout_mask_kernel<double><<<grid, 256, 0, st>>>((double*)out, n, p, 1.0 / (1.0 - (double)p), seed, offset,
+                                                          epoch);
     else
         unsupported("dropout_mask", dtype);
     check_launch("dropout_mask");
@@ -86,14 +111,16 @@ void dropout_mask(int device, int dtype, void* out, int64_t n, float p, uint64_t
 void random_uniform(int device, float* out, int64_t n, uint64_t seed, uint64_t offset) {
     if (n == 0) return;
     use_device(device);
-    uniform_kernel<<<blocks_for((n + 3) / 4, 256), 256, 0, stream(device)>>>(out, n, seed, offset);
+    uniform_kernel<<<blocks_for((n + 3) / 4, 256), 256, 0, stream(device)>>>(out, n, seed, offset,
+                                                                              capture_rng_epoch(device));
     check_launch("rand");
 }
 
 void random_normal(int device, float* out, int64_t n, uint64_t seed, uint64_t offset) {
     if (n == 0) return;
     use_device(device);
-    normal_kernel<<<blocks_for((n + 3) / 4, 256), 256, 0, stream(device)>>>(out, n, seed, offset);
+    normal_kernel<<<blocks_for((n + 3) / 4, 256), 256, 0, stream(device)>>>(out, n, seed, offset,
+                                                                             capture_rng_epoch(device));
     check_launch("randn");
 }
 

@@ -13,6 +13,7 @@ constexpr int kTargetBlocks = 264;  // ~2 waves of blocks on an H100/H200 (132 S
 
 template <typename T> struct Acc { using type = T; };
 template <> struct Acc<int32_t> { using type = int64_t; };
+template <> struct Acc<__nv_bfloat16> { using type = float; };  // bf16 sums and maxima in float32
 
 template <int OP, typename A>
 __device__ __forceinline__ A combine(A a, A b) {
@@ -105,7 +106,8 @@ void reduce_typed(int device, void* out, const void* x, int64_t outer, int64_t R
     if (R == 0) {  // empty reduction: sum is 0 (max of nothing is rejected in Python)
         unsigned int grid = blocks_for(outer * inner, 256);
         fill(device, std::is_same_v<T, float> ? F32 : std::is_same_v<T, double> ? F64 :
-                     std::is_same_v<T, int64_t> ? I64 : I32, out, 0.0, outer * inner);
+                     std::is_same_v<T, int64_t> ? I64 : std::is_same_v<T, __nv_bfloat16> ? BF16 : I32,
+             out, 0.0, outer * inner);
         (void)grid;
         return;
     }
@@ -241,6 +243,7 @@ void reduce(int device, int op, int dtype, void* out, const void* x, int64_t out
         case F64: reduce_typed<OPC, double>(device, out, x, outer, R, inner); break;  \
         case I64: reduce_typed<OPC, int64_t>(device, out, x, outer, R, inner); break; \
         case I32: reduce_typed<OPC, int32_t>(device, out, x, outer, R, inner); break; \
+        case BF16: reduce_typed<OPC, __nv_bfloat16>(device, out, x, outer, R, inner); break; \
         default: unsupported(OPC == RSUM ? "sum" : "max", dtype);                     \
     }
     if (op == RSUM) {

@@ -39,9 +39,40 @@ struct MemStats {
     std::size_t peak = 0;       // max of allocated since start / last reset
     std::size_t reserved = 0;   // bytes held from cudaMalloc (live + cached)
     std::size_t num_mallocs = 0;
+    std::size_t num_allocs = 0;  // device_alloc calls (cache hits included)
 };
 MemStats mem_stats(int device);
 void reset_peak(int device);
 void empty_cache(int device);  // cudaFree every cached block (synchronises the device)
+
+// ---- private pools, for CUDA graphs (graph.cpp drives them) ----------------------------------
+// A captured graph replays into the same addresses every time, so its memory must never be handed
+// to eager code while the graph lives. A private pool owns that memory:
+//  - while a pool is *active* on a device, every allocation on the device comes from it (its own
+//    free blocks first, cudaMalloc when none fits) and every free on the device goes to it;
+//  - a block the pool owns goes back to the pool when freed, whenever that happens;
+//  - at the end of a capture the pool also claims every block live on the device (parameters,
+//    optimizer state, static inputs: whatever the graph may read), so that freeing one of those
+//    later cannot let eager code reuse it under the graph;
+//  - when the pool is released (its graphs destroyed), its blocks pass to another live pool of
+//    the device, or back to the ordinary cache when there is none.
+int pool_create(int device);             // a new empty pool; ids start at 1
+void pool_release(int pool_id);
+void pool_activate(int device, int pool_id);  // 0 = back to the ordinary cache
+int active_pool(int device);
+void pool_claim_live(int pool_id);       // claim every live block of the pool's device
+struct PoolStats {
+    std::size_t reserved = 0;            // bytes cudaMalloc'ed by this pool
+    std::size_t cached = 0;              // bytes in its free list
+    std::size_t owned_blocks = 0;        // blocks it owns (live or free)
+    std::size_t mallocs_in_capture = 0;  // cudaMallocs while a capture was under way (0 after a warm-up)
+};
+PoolStats pool_stats(int pool_id);
+
+// Capture state of a device's stream: set by graph.cpp around cudaStreamBeginCapture/EndCapture.
+// Host transfers and synchronisation refuse to run while it is set (they would bake host data into
+// the graph or wait for work that is not running).
+void set_capturing(int device, bool on);
+bool capturing(int device);
 
 }  // namespace engine

@@ -1,6 +1,7 @@
 // Softmax and log-softmax over the last axis (forward, backward), and cross-entropy fused with
 // its backward: the forward keeps only each row's logsumexp, the backward rebuilds softmax - onehot.
 #include "common.cuh"
+#include "fused.h"
 #include "ops.h"
 
 namespace engine {
@@ -73,14 +74,18 @@ __global__ void softmax_backward_kernel(float* __restrict__ dx, const float* __r
         for (int64_t j = threadIdx.x; j < L; j += blockDim.x) d[j] = yr[j] * (gr[j] - s);
 }
 
-// logits (N, V), targets (N,) -> losses (N,) (0 where ignored), lse (N,)
+__device__ __forceinline__ float ldf(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ldf(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+
+// logits (N, V), targets (N,) -> losses (N,) (0 where ignored), lse (N,); logits float or bf16
+template <typename T>
 __global__ void cross_entropy_forward_kernel(float* __restrict__ losses, float* __restrict__ lse,
-                                             const float* __restrict__ logits, const int64_t* __restrict__ targets,
+                                             const T* __restrict__ logits, const int64_t* __restrict__ targets,
                                              int64_t V, int64_t ignore_index) {
     int64_t row = blockIdx.x;
-    const float* xr = logits + row * V;
+    const T* xr = logits + row * V;
     MaxSum ms{-INFINITY, 0.f};
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) ms = add_value(ms, xr[j]);
+    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) ms = add_value(ms, ldf(xr, j));
     ms = blockDim.x == 32 ? warp_merge(ms) : block_merge(ms);
     if (threadIdx.x == 0) {
         float l = ms.m + logf(ms.s);
@@ -88,23 +93,26 @@ __global__ void cross_entropy_forward_kernel(float* __restrict__ losses, float* 
         int64_t t = targets[row];
         if (t == ignore_index) losses[row] = 0.f;
         else if (t < 0 || t >= V) losses[row] = NAN;  // out-of-range target: visible, no host sync to raise
-        else losses[row] = l - xr[t];
+        else losses[row] = l - ldf(xr, t);
     }
 }
 
-// dlogits (N, V) = (exp(logits - lse) - onehot(target)) * g[row]; 0 on ignored rows
-__global__ void cross_entropy_backward_kernel(float* __restrict__ dlogits, const float* __restrict__ logits,
-                                              const int64_t* __restrict__ targets, const float* __restrict__ lse,
-                                              const float* __restrict__ g, int64_t V, int64_t ignore_index) {
+// dlogits (N, V) = (exp(logits - lse) - onehot(target)) * g[row]; 0 on ignored rows. dlogits may
+// be logits itself (each element is read, then written, by the same thread): the classifier's
+// gradient then takes the logits' memory instead of a second (N, V) buffer.
+template <typename T>
+__global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const int64_t* __restrict__ targets,
+                                              const float* __restrict__ lse, const float* __restrict__ g, int64_t V,
+                                              int64_t ignore_index) {
     int64_t row = blockIdx.x;
-    const float* xr = logits + row * V;
-    float* d = dlogits + row * V;
+    const T* xr = logits + row * V;
+    T* d = dlogits + row * V;
     int64_t t = targets[row];
     float gr = t == ignore_index ? 0.f : g[row];
     float l = lse[row];
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-        float p = expf(xr[j] - l);
-        d[j] = (p - (j == t ? 1.f : 0.f)) * gr;
+        float p = expf(ldf(xr, j) - l);
+        d[j] = (T)((p - (j == t ? 1.f : 0.f)) * gr);
     }
 }
 
@@ -134,8 +142,8 @@ void cross_entropy_forward(int device, float* losses, float* lse, const float* l
                            int64_t N, int64_t V, int64_t ignore_index) {
     if (N == 0) return;
     use_device(device);
-    cross_entropy_forward_kernel<<<(unsigned)N, threads_for(V), 0, stream(device)>>>(losses, lse, logits, targets, V,
-                                                                                     ignore_index);
+    cross_entropy_forward_kernel<float><<<(unsigned)N, threads_for(V), 0, stream(device)>>>(losses, lse, logits,
+                                                                                            targets, V, ignore_index);
     check_launch("cross_entropy");
 }
 
@@ -143,8 +151,33 @@ void cross_entropy_backward(int device, float* dlogits, const float* logits, con
                             const float* g, int64_t N, int64_t V, int64_t ignore_index) {
     if (N == 0) return;
     use_device(device);
-    cross_entropy_backward_kernel<<<(unsigned)N, threads_for(V), 0, stream(device)>>>(dlogits, logits, targets, lse, g,
-                                                                                      V, ignore_index);
+    cross_entropy_backward_kernel<float><<<(unsigned)N, threads_for(V), 0, stream(device)>>>(dlogits, logits, targets,
+                                                                                             lse, g, V, ignore_index);
+    check_launch("cross_entropy_backward");
+}
+
+void cross_entropy_forward_dt(int device, int dtype, float* losses, float* lse, const void* logits,
+                              const int64_t* targets, int64_t N, int64_t V, int64_t ignore_index) {
+    if (dtype == F32) return cross_entropy_forward(device, losses, lse, (const float*)logits, targets, N, V, ignore_index);
+    if (dtype != BF16) unsupported("cross_entropy", dtype);
+    if (N == 0) return;
+    use_device(device);
+    cross_entropy_forward_kernel<__nv_bfloat16><<<(unsigned)N, threads_for(V), 0, stream(device)>>>(
+        losses, lse, (const __nv_bfloat16*)logits, targets, V, ignore_index);
+    check_launch("cross_entropy");
+}
+
+void cross_entropy_backward_dt(int device, int dtype, void* dlogits, const void* logits, const int64_t* targets,
+                               const float* lse, const float* g, int64_t N, int64_t V, int64_t ignore_index) {
+    if (dtype != F32 && dtype != BF16) unsupported("cross_entropy_backward", dtype);
+    if (N == 0) return;
+    use_device(device);
+    if (dtype == F32)
+        cross_entropy_backward_kernel<float><<<(unsigned)N, threads_for(V), 0, stream(device)>>>(
+            (float*)dlogits, (const float*)logits, targets, lse, g, V, ignore_index);
+    else
+        cross_entropy_backward_kernel<__nv_bfloat16><<<(unsigned)N, threads_for(V), 0, stream(device)>>>(
+            (__nv_bfloat16*)dlogits, (const __nv_bfloat16*)logits, targets, lse, g, V, ignore_index);
     check_launch("cross_entropy_backward");
 }
 

@@ -291,6 +291,74 @@ def cross_entropy_backward(logits: Array, targets: Array, lse: Array, grad: Arra
     return dlogits
 
 
+# ---- attention ----------------------------------------------------------------------------------
+
+def _causal_hidden(T: int, S: int) -> Array:
+    """(T, S) bool, True where query i may NOT see key j: j > i + S - T (aligned bottom-right, so
+    T new queries after S - T cached keys see the whole cache)."""
+    return np.arange(S)[None, :] > np.arange(T)[:, None] + (S - T)
+
+
+def attention(q: Array, k: Array, v: Array, causal: bool, scale: float):
+    """softmax(q k^T scale) v, fused: q (..., T, D), k (..., S, D), v (..., S, Dv) -> out (..., T, Dv),
+    lse (..., T): the log-sum-exp of each query's scaled scores (what the backward needs instead of
+    the T x S probabilities; -inf for a query that sees no key, whose output is 0).
+    This reference materialises the scores; the CUDA kernel never does."""
+    s = matmul(q, k, transpose_b=True) * np.asarray(scale, dtype=q.dtype)  # (..., T, S)
+    if causal:
+        s = np.where(_causal_hidden(q.shape[-2], k.shape[-2]), -np.inf, s)
+    m = s.max(axis=-1, keepdims=True) if s.shape[-1] else np.full(s.shape[:-1] + (1,), -np.inf, s.dtype)
+    m = np.where(np.isfinite(m), m, 0).astype(s.dtype)
+    e = np.exp(s - m)
+    denom = e.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(denom > 0, e / denom, 0).astype(s.dtype)
+        lse = (m + np.log(denom))[..., 0].astype(s.dtype)
+    return matmul(p, v), lse
+
+
+def attention_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, causal: bool,
+                       scale: float):
+    """grad (..., T, Dv) of attention's out -> dq, dk, dv; the probabilities are rebuilt from lse."""
+    dt = q.dtype
+    s = matmul(q, k, transpose_b=True) * np.asarray(scale, dtype=dt)
+    with np.errstate(invalid="ignore"):
+        p = np.exp(s - lse[..., None])
+    hidden = ~np.isfinite(lse)[..., None]
+    if causal:
+        hidden = hidden | _causal_hidden(q.shape[-2], k.shape[-2])
+    p = np.where(hidden, 0, p).astype(dt)
+    grad = np.ascontiguousarray(grad)
+    dv = matmul(p, grad, transpose_a=True)  # (..., S, T) @ (..., T, Dv)
+    dp = matmul(grad, v, transpose_b=True)  # (..., T, S)
+    delta = (grad * out).sum(axis=-1, keepdims=True)
+    ds = p * (dp - delta) * np.asarray(scale, dtype=dt)
+    return matmul(ds, k), matmul(ds, q, transpose_a=True), dv
+
+
+def attention_qkv(qkv: Array, n_head: int, causal: bool, scale: float):
+    """Self-attention straight from a packed projection: qkv (B, T, 3C) holding q | k | v, each
+    (B, T, H, D) -> out (B, T, C) (heads side by side, ready for the output projection), lse (B, H, T)."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    heads = qkv.reshape(B, T, 3, n_head, C // n_head).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, D)
+    out, lse = attention(heads[0], heads[1], heads[2], causal, scale)
+    return np.ascontiguousarray(out.transpose(0, 2, 1, 3)).reshape(B, T, C), lse
+
+
+def attention_qkv_backward(grad: Array, qkv: Array, out: Array, lse: Array, n_head: int, causal: bool,
+                           scale: float) -> Array:
+    """grad (B, T, C) of attention_qkv's out -> dqkv (B, T, 3C)."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    D = C // n_head
+    heads = qkv.reshape(B, T, 3, n_head, D).transpose(2, 0, 3, 1, 4)
+    g = grad.reshape(B, T, n_head, D).transpose(0, 2, 1, 3)
+    o = out.reshape(B, T, n_head, D).transpose(0, 2, 1, 3)
+    dq, dk, dv = attention_backward(g, heads[0], heads[1], heads[2], o, lse, causal, scale)
+    return np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, C3)
+
+
 def embedding(weight: Array, idx: Array) -> Array:
     """weight (V, C), idx (...) int64 -> (..., C)."""
     return weight[idx]

@@ -727,6 +727,161 @@ def cross_entropy_backward(logits: CudaArray, targets: CudaArray, lse: CudaArray
     return d
 
 
+# ---- attention ----------------------------------------------------------------------------------
+
+def _attention_fusable(D: int, dtype: DType, *arrays) -> bool:
+    """The fused kernel takes float32 / bfloat16, head dims D % 8 == 0 up to 128, 16-byte aligned data."""
+    return (dtype in (float32, bfloat16) and 0 < D <= 128 and D % 8 == 0
+            and builtins.all(a.ptr % 16 == 0 for a in arrays))
+
+
+def _precise() -> bool:
+    return not _C.allow_tf32()  # float32 attention at ~float32 accuracy (3 TF32 products) when TF32 is off
+
+
+_hidden_cache: dict = {}
+
+
+def _causal_hidden(T: int, S: int, device: int) -> CudaArray:
+    key = (T, S, device)
+    m = _hidden_cache.get(key)
+    if m is None:
+        m = from_numpy(np.arange(S)[None, :] > np.arange(T)[:, None] + (S - T), device)
+        if len(_hidden_cache) > 64:
+            _hidden_cache.clear()
+        _hidden_cache[key] = m
+    return m
+
+
+def _attention_composite(q, k, v, causal, scale):
+    """The unfused path (head dims the kernel does not take): float32 scores in memory."""
+    dt = q.dtype
+    q, k, v = astype(q, float32), astype(k, float32), astype(v, float32)
+    s = binary("mul", matmul(q, k, transpose_b=True), float(scale))
+    if causal:
+        s = where(_causal_hidden(q.shape[-2], k.shape[-2], q.device), float("-inf"), s)
+    m = max(s, (s.ndim - 1,), True)
+    denom = sum(unary("exp", binary("sub", s, m)), (s.ndim - 1,), True)
+    lse = binary("add", m, unary("log", denom))
+    p = unary("exp", binary("sub", s, lse))
+    return astype(matmul(p, v), dt), reshape(lse, lse.shape[:-1])
+
+
+def _attention_composite_backward(grad, q, k, v, out, lse, causal, scale):
+    dt = q.dtype
+    q, k, v, grad, out = (astype(x, float32) for x in (q, k, v, grad, out))
+    s = binary("mul", matmul(q, k, transpose_b=True), float(scale))
+    p = unary("exp", binary("sub", s, reshape(lse, lse.shape + (1,))))
+    if causal:
+        p = where(_causal_hidden(q.shape[-2], k.shape[-2], q.device), 0.0, p)
+    dv = matmul(p, grad, transpose_a=True)
+    dp = matmul(grad, v, transpose_b=True)
+    delta = sum(binary("mul", grad, out), (grad.ndim - 1,), True)
+    ds = binary("mul", binary("mul", p, binary("sub", dp, delta)), float(scale))
+    return astype(matmul(ds, k), dt), astype(matmul(ds, q, transpose_a=True), dt), astype(dv, dt)
+
+
+def _flat_heads(x: CudaArray) -> tuple:
+    """(..., T, D) contiguous -> (batch count, layout strides (batch, head, time)) with one head."""
+    T, D = x.shape[-2], x.shape[-1]
+    return math.prod(x.shape[:-2]), [T * D, 0, D]
+
+
+def attention(q: CudaArray, k: CudaArray, v: CudaArray, causal: bool, scale: float):
+    """q (..., T, D), k (..., S, D), v (..., S, D) -> out (..., T, D), lse (..., T) float32.
+    Flash-style kernel: the T x S scores never reach memory (csrc/cuda/attention.cu)."""
+    dev = _same_device("attention", q, k, v)
+    T, S, D = q.shape[-2], k.shape[-2], q.shape[-1]
+    if not (_attention_fusable(D, q.dtype, q, k, v) and k.dtype is q.dtype and v.dtype is q.dtype
+            and q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and v.shape[-1] == D):
+        return _attention_composite(q, k, v, causal, scale)
+    out = _empty(q.shape, q.dtype, dev)
+    lse = _empty(q.shape[:-1], float32, dev)
+    nb, lq = _flat_heads(q)
+    if nb * T == 0:
+        return out, lse
+    _, lk = _flat_heads(k)
+    _C.attention_forward(dev, _CODE[q.dtype], out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, lq, lk, lk, lq, nb, 1, T, S, D,
+                         bool(causal), float(scale), _precise())
+    return out, lse
+
+
+def attention_backward(grad: CudaArray, q: CudaArray, k: CudaArray, v: CudaArray, out: CudaArray, lse: CudaArray,
+                       causal: bool, scale: float):
+    """grad (..., T, D) -> dq, dk, dv (the probabilities rebuilt tile by tile from lse)."""
+    dev = _same_device("attention_backward", grad, q, k, v)
+    T, S, D = q.shape[-2], k.shape[-2], q.shape[-1]
+    if grad.dtype is not q.dtype:
+        grad = astype(grad, q.dtype)
+    if not (_attention_fusable(D, q.dtype, q, k, v, out, grad) and k.dtype is q.dtype and v.dtype is q.dtype
+            and q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and v.shape[-1] == D):
+        return _attention_composite_backward(grad, q, k, v, out, lse, causal, scale)
+    nb, lq = _flat_heads(q)
+    _, lk = _flat_heads(k)
+    if nb * T == 0 or nb * S == 0:
+        return full(q.shape, 0.0, q.dtype, dev), full(k.shape, 0.0, k.dtype, dev), full(v.shape, 0.0, v.dtype, dev)
+    dq, dk, dv = _empty(q.shape, q.dtype, dev), _empty(k.shape, k.dtype, dev), _empty(v.shape, v.dtype, dev)
+    _C.attention_backward(dev, _CODE[q.dtype], dq.ptr, dk.ptr, dv.ptr, grad.ptr, q.ptr, k.ptr, v.ptr, out.ptr,
+                          lse.ptr, lq, lk, lk, lq, nb, 1, T, S, D, bool(causal), float(scale), _precise())
+    return dq, dk, dv
+
+
+def _qkv_layouts(B: int, T: int, C: int, D: int) -> tuple:
+    """q, k, v inside a packed (B, T, 3C) array (offsets in elements, layouts), and out (B, T, C)'s layout."""
+    lin = [T * 3 * C, D, 3 * C]
+    return (0, C, 2 * C), lin, [T * C, D, C]
+
+
+def attention_qkv(qkv: CudaArray, n_head: int, causal: bool, scale: float):
+    """qkv (B, T, 3C) = q | k | v, each (B, T, H, D) -> out (B, T, C), lse (B, H, T): the kernel reads
+    the heads in place and writes them side by side, so no permute is needed on either side."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    D = C // n_head
+    if not _attention_fusable(D, qkv.dtype, qkv):
+        heads = permute(reshape(qkv, (B, T, 3, n_head, D)), (2, 0, 3, 1, 4))  # (3, B, H, T, D)
+        q, k, v = (getitem(heads, (i,)) for i in range(3))
+        out, lse = attention(q, k, v, causal, scale)
+        return reshape(permute(out, (0, 2, 1, 3)), (B, T, C)), lse
+    out = _empty((B, T, C), qkv.dtype, qkv.device)
+    lse = _empty((B, n_head, T), float32, qkv.device)
+    if B * T == 0:
+        return out, lse
+    (oq, ok, ov), lin, lo = _qkv_layouts(B, T, C, D)
+    isz = qkv.dtype.itemsize
+    _C.attention_forward(qkv.device, _CODE[qkv.dtype], out.ptr, lse.ptr, qkv.ptr + oq * isz, qkv.ptr + ok * isz,
+                         qkv.ptr + ov * isz, lin, lin, lin, lo, B, n_head, T, T, D, bool(causal), float(scale),
+                         _precise())
+    return out, lse
+
+
+def attention_qkv_backward(grad: CudaArray, qkv: CudaArray, out: CudaArray, lse: CudaArray, n_head: int,
+                           causal: bool, scale: float) -> CudaArray:
+    """grad (B, T, C) -> dqkv (B, T, 3C), every element written once by the kernel (no zero fill)."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    D = C // n_head
+    if grad.dtype is not qkv.dtype:
+        grad = astype(grad, qkv.dtype)
+    if not _attention_fusable(D, qkv.dtype, qkv, grad, out):
+        heads = permute(reshape(qkv, (B, T, 3, n_head, D)), (2, 0, 3, 1, 4))
+        q, k, v = (getitem(heads, (i,)) for i in range(3))
+        g = permute(reshape(grad, (B, T, n_head, D)), (0, 2, 1, 3))
+        o = permute(reshape(out, (B, T, n_head, D)), (0, 2, 1, 3))
+        dq, dk, dv = attention_backward(g, q, k, v, o, lse, causal, scale)
+        d = concat([reshape(x, (1,) + x.shape) for x in (dq, dk, dv)], 0)  # (3, B, H, T, D)
+        return reshape(permute(d, (1, 3, 0, 2, 4)), (B, T, C3))
+    dqkv = _empty((B, T, C3), qkv.dtype, qkv.device)
+    if B * T == 0:
+        return dqkv
+    (oq, ok, ov), lin, lo = _qkv_layouts(B, T, C, D)
+    isz = qkv.dtype.itemsize
+    _C.attention_backward(qkv.device, _CODE[qkv.dtype], dqkv.ptr + oq * isz, dqkv.ptr + ok * isz, dqkv.ptr + ov * isz,
+                          grad.ptr, qkv.ptr + oq * isz, qkv.ptr + ok * isz, qkv.ptr + ov * isz, out.ptr, lse.ptr,
+                          lin, lin, lin, lo, B, n_head, T, T, D, bool(causal), float(scale), _precise())
+    return dqkv
+
+
 def embedding(weight: CudaArray, idx: CudaArray) -> CudaArray:
     """weight (V, C), idx (...) int64 -> (..., C). An out-of-range index gives a NaN row."""
     _same_device("embedding", weight, idx)

@@ -8,6 +8,7 @@ import numpy as np
 from .. import dtypes
 from ..ops import elementwise as E
 from ..ops import nn as N
+from ..ops.attention import Attention as _Attention, AttentionQKV as _AttentionQKV
 from ..ops.matmul import Linear as _Linear
 from ..random import next_seed
 from ..tensor import Tensor, tensor, where
@@ -153,6 +154,10 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
                          "(need q (..., T, D), k (..., S, D), v (..., S, Dv))")
     T, S = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if (attn_mask is None and dropout_p == 0.0 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+            and v.shape[-1] == q.shape[-1] and q.dtype == k.dtype == v.dtype and q.dtype.is_floating_point):
+        # one fused op (flash-style on the GPU): no (..., T, S) scores kept for the backward
+        return _Attention.apply(q, k, v, causal=bool(is_causal), scale=float(scale))
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
     if is_causal:
         scores = where(causal_mask(T, S, q.device), float("-inf"), scores)
@@ -165,3 +170,17 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     if dropout_p > 0.0:
         att = dropout(att, dropout_p, True)
     return att @ v
+
+
+def self_attention(qkv: Tensor, n_head: int, is_causal: bool = True, scale: float | None = None) -> Tensor:
+    """Multi-head self-attention straight from a packed projection (no dropout, no mask beyond causal).
+
+    qkv (B, T, 3C) = q | k | v, each (B, T, n_head, C / n_head) -> (B, T, C), heads side by side.
+    The same as splitting the heads, calling scaled_dot_product_attention and merging them back, in
+    one op: no permutes, and one (B, T, 3C) gradient in the backward."""
+    if qkv.ndim != 3 or qkv.shape[-1] % 3 or (qkv.shape[-1] // 3) % n_head:
+        raise ValueError(f"self_attention: qkv must be (B, T, 3C) with C divisible by n_head={n_head}, "
+                         f"got shape {qkv.shape}")
+    D = qkv.shape[-1] // 3 // n_head
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    return _AttentionQKV.apply(qkv, n_head=int(n_head), causal=bool(is_causal), scale=float(scale))

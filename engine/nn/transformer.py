@@ -49,12 +49,17 @@ class MultiHeadAttention(Module):
     def forward(self, x: Tensor, cache: KVCache | None = None, attn_mask: Tensor | None = None) -> Tensor:
         B, T, C = x.shape
         H, D = self.n_head, C // self.n_head
+        dropout_p = self.attn_dropout if self.training else 0.0
+        if cache is None and attn_mask is None and dropout_p == 0.0:
+            # fused: (B, T, 3C) -> (B, T, C) in one op, heads read and written in place
+            y = F.self_attention(self.c_attn(x), H, is_causal=self.causal)
+            return self.resid_dropout(self.c_proj(y))
         qkv = self.c_attn(x).reshape(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
         q, k, v = qkv[0], qkv[1], qkv[2]
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, S, D) with S = cached + T
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=self.causal,
-                                           dropout_p=self.attn_dropout if self.training else 0.0)
+                                           dropout_p=dropout_p)
         y = y.permute(0, 2, 1, 3).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

@@ -7,18 +7,18 @@ from fastapi.testclient import TestClient
 
 from coop.codec import get_codec
 from coop.coordinator.app import create_app
-from coop.coordinator.config import RunConfig
 from coop.coordinator.members import Members
 from coop.coordinator.service import Coordinator
 from coop.coordinator.state import load_run
+from coop.runconfig import RunConfig
 from coop.wire import pack, unpack
 
 TINY = {
     "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16},
     "data": {"default_chars": 60_000, "shards": 2},
     "inner": {"steps": 2, "batch_size": 4},
-    "rounds": {"max_rounds": 3, "min_workers": 2, "quorum_fraction": 1.0, "eval_batches": 2,
-               "worker_timeout_s": 60, "heartbeat_s": 5},
+    "rounds": {"max_rounds": 3, "eval_batches": 2},
+    "coordinator": {"min_workers": 2, "quorum_fraction": 1.0, "worker_timeout_s": 60, "heartbeat_s": 5},
 }
 
 
@@ -114,7 +114,7 @@ def test_a_round_closes_applies_the_outer_step_and_persists(make, tmp_path):
 
 
 def test_bad_updates_are_refused_and_change_nothing(make):
-    coordinator, client = make(tiny(rounds={"min_workers": 1}))
+    coordinator, client = make(tiny(coordinator={"min_workers": 1}))
     _, auth = join(client)
     _, other = join(client)
     weights = {k: v.copy() for k, v in coordinator.weights.items()}

@@ -5,10 +5,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from coop.codec import get_codec
-from coop.gossip.config import SwarmConfig
 from coop.gossip.payload import pack_update, parse_state
 from coop.gossip.peer import PeerNode
 from coop.gossip.server import create_app
+from coop.runconfig import RunConfig
 from coop.wire import pack
 
 TOKEN = "s3cret"
@@ -18,8 +18,9 @@ PARTNER_URL = "http://127.0.0.1:9"
 
 @pytest.fixture
 def node():
-    config = SwarmConfig.model_validate({"rounds": 3, "inner_steps": 1, "data": {"default_corpus_chars": 20000},
-                                         "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16}})
+    config = RunConfig.model_validate({"rounds": {"max_rounds": 3}, "inner": {"steps": 1},
+                                       "data": {"default_chars": 20000},
+                                       "model": {"n_layer": 1, "n_embd": 16, "n_head": 2, "block_size": 16}})
     peer = PeerNode(token=TOKEN, advertise="http://127.0.0.1:1", quiet=True, peer_id="aaaa")
     peer.setup_new_swarm(config)
     return peer
@@ -70,7 +71,7 @@ def test_join_gives_config_members_and_state(client, node):
     reply = _join(client)
     assert reply["swarm"] == node.swarm and reply["active_from"] == 0  # joined before round 0 started
     assert {m["peer_id"] for m in reply["members"]} == {"aaaa", "bbbb"}
-    assert SwarmConfig.model_validate(reply["config"]) == node.config
+    assert RunConfig.model_validate(reply["config"]) == node.config
     body = client.get("/v1/state", headers=AUTH).content
     round_index, weights, outer, _ = parse_state(body, node.spec, max_bytes=1 << 24)
     assert round_index == 0 and outer["step_count"] == 0

@@ -29,9 +29,9 @@ TINY_RUN: dict[str, Any] = {
     "inner": {"steps": 4, "batch_size": 8, "lr": 3e-3, "min_lr": 3e-3, "warmup_steps": 0},
     "outer": {"lr": 0.7, "momentum": 0.9},
     "compression": {"codec": "fp32"},
-    "rounds": {"max_rounds": 8, "min_workers": 1, "quorum_fraction": 0.5, "min_deadline_s": 0.5,
-               "max_deadline_s": 3.0, "worker_timeout_s": 2.0, "heartbeat_s": 0.4, "eval_every": 1,
-               "eval_batches": 4},
+    "rounds": {"max_rounds": 8, "eval_every": 1, "eval_batches": 4},
+    "coordinator": {"min_workers": 1, "quorum_fraction": 0.5, "min_deadline_s": 0.5, "max_deadline_s": 3.0,
+                    "worker_timeout_s": 2.0, "heartbeat_s": 0.4},
 }
 
 

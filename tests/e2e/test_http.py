@@ -62,7 +62,7 @@ def closed_rounds(status: dict) -> list[int]:
 
 
 def test_two_workers_train_and_the_global_loss_falls(tmp_path, procs):
-    coordinator = procs(Coordinator(tmp_path, run_config(rounds={"max_rounds": 8, "min_workers": 2})))
+    coordinator = procs(Coordinator(tmp_path, run_config(rounds={"max_rounds": 8}, coordinator={"min_workers": 2})))
     workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2)]
     status = coordinator.wait_status(lambda s: s["done"], 90, "8 rounds", [w.log for w in workers])
     assert closed_rounds(status) == list(range(8))
@@ -99,7 +99,7 @@ def test_a_worker_killed_mid_round_does_not_stop_the_run(tmp_path, procs):
 
 
 def test_coordinator_killed_and_restarted_carries_on(tmp_path, procs):
-    config = run_config(rounds={"max_rounds": 12, "min_workers": 2}, inner={"steps": 10})
+    config = run_config(rounds={"max_rounds": 12}, coordinator={"min_workers": 2}, inner={"steps": 10})
     coordinator = procs(Coordinator(tmp_path, config))
     workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2)]
     logs = [w.log for w in workers]
@@ -132,7 +132,7 @@ def test_coordinator_killed_and_restarted_carries_on(tmp_path, procs):
 
 
 def test_a_late_joiner_starts_from_the_current_weights(tmp_path, procs):
-    config = run_config(rounds={"max_rounds": 10_000, "quorum_fraction": 1.0, "worker_timeout_s": 5.0})
+    config = run_config(rounds={"max_rounds": 10_000}, coordinator={"quorum_fraction": 1.0, "worker_timeout_s": 5.0})
     coordinator = procs(Coordinator(tmp_path, config))
     first = procs(Worker(tmp_path, coordinator, "early"))
     coordinator.wait_status(lambda s: s["round"] >= 4, 60, "round 4", [first.log])
@@ -152,8 +152,8 @@ def test_a_late_joiner_starts_from_the_current_weights(tmp_path, procs):
 
 
 def test_bad_requests_get_the_right_4xx_and_change_nothing(tmp_path, procs):
-    coordinator = procs(Coordinator(tmp_path, run_config(rounds={"min_workers": 2, "quorum_fraction": 1.0,
-                                                                 "worker_timeout_s": 60, "heartbeat_s": 5})))
+    coordinator = procs(Coordinator(tmp_path, run_config(coordinator={"min_workers": 2, "quorum_fraction": 1.0,
+                                                                      "worker_timeout_s": 60, "heartbeat_s": 5})))
     url = coordinator.url
     assert httpx.post(url + "/v1/join", json={}).status_code == 401  # no token
     assert httpx.post(url + "/v1/join", json={}, headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -232,9 +232,9 @@ def test_bad_requests_get_the_right_4xx_and_change_nothing(tmp_path, procs):
 def test_sixteen_concurrent_workers_lose_no_update(tmp_path, procs):
     rounds = 3
     config = run_config(outer={"lr": 1.0, "momentum": 0.0, "nesterov": False},
-                        rounds={"max_rounds": rounds, "min_workers": 16, "quorum_fraction": 1.0,
-                                "worker_timeout_s": 60, "heartbeat_s": 5, "eval_every": 0},
-                        limits={"concurrent_uploads": 4})
+                        rounds={"max_rounds": rounds, "eval_every": 0},
+                        coordinator={"min_workers": 16, "quorum_fraction": 1.0, "worker_timeout_s": 60,
+                                     "heartbeat_s": 5, "concurrent_uploads": 4})
     coordinator = procs(Coordinator(tmp_path, config))
     clients = [Client(coordinator, f"c{i}") for i in range(16)]
     _, initial = clients[0].weights()

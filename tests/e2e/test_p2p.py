@@ -24,29 +24,36 @@ pytestmark = pytest.mark.e2e
 TOKEN = "e2e-swarm-token"
 ROUNDS = 60
 CONFIG = f"""
-inner_steps = 10
-rounds = {ROUNDS}
-eval_every = 4
-eval_batches = 8
 seed = 3
 [model]
 n_layer = 1
 n_head = 2
 n_embd = 32
 block_size = 32
+[data]
+default_chars = 100000
+val_fraction = 0.1
+[inner]
+steps = 10
+lr = 3e-3
+min_lr = 3e-4
+warmup_steps = 20
+total_steps = 5000
+batch_size = 8
 [outer]
 lr = 0.7
 momentum = 0.0
 nesterov = false
+[rounds]
+max_rounds = {ROUNDS}
+eval_every = 4
+eval_batches = 8
 [gossip]
 group_size = 2
-exchange_timeout = 8
-heartbeat_interval = 0.5
-dead_after = 3
-[data]
-default_corpus_chars = 100000
+exchange_timeout_s = 8
+heartbeat_s = 0.5
+dead_after_s = 3
 """
-
 
 class Swarm:
     def __init__(self, tmp_path):

@@ -183,3 +183,77 @@ def test_bool_mask_sdpa_matches_torch():
     ref = TF.scaled_dot_product_attention(torch.tensor(q), torch.tensor(k), torch.tensor(v),
                                           attn_mask=torch.tensor(mask))
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), atol=1e-5)
+
+
+# ---- fused attention (the CPU reference of engine/backends: attention, attention_qkv) ----------------
+
+def _attention_composite(q, k, v, causal):
+    """The unfused path, written out: scores, bottom-right causal mask, softmax, weighted sum."""
+    T, S = q.shape[-2], k.shape[-2]
+    s = (q @ k.transpose(-2, -1)) * (1.0 / np.sqrt(q.shape[-1]))
+    if causal:
+        s = engine.where(F.causal_mask(T, S), float("-inf"), s)
+    return F.softmax(s, -1) @ v
+
+
+@pytest.mark.parametrize("T,S,causal", [(5, 5, True), (3, 7, True), (6, 6, False), (1, 4, True)])
+def test_fused_attention_matches_composite(T, S, causal):
+    rng = np.random.default_rng(T * 10 + S)
+    arrays = [rng.standard_normal(s) for s in ((2, 3, T, 8), (2, 3, S, 8), (2, 3, S, 8))]
+    w = rng.standard_normal((2, 3, T, 8))
+    results = []
+    for fn in (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+               lambda q, k, v: _attention_composite(q, k, v, causal)):
+        ts = [engine.tensor(a, dtype=engine.float64, requires_grad=True) for a in arrays]
+        out = fn(*ts)
+        (out * engine.tensor(w, dtype=engine.float64)).sum().backward()
+        results.append([out.numpy()] + [t.grad.numpy() for t in ts])
+    fused_ctx = F.scaled_dot_product_attention(*[engine.tensor(a) for a in arrays], is_causal=causal)
+    assert fused_ctx.shape == (2, 3, T, 8)
+    for got, want, what in zip(results[0], results[1], ("out", "dq", "dk", "dv")):
+        np.testing.assert_allclose(got, want, atol=1e-12, rtol=1e-10, err_msg=what)
+
+
+def test_fused_attention_finite_differences():
+    check_finite_differences(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                             [(2, 4, 6), (2, 5, 6), (2, 5, 6)])
+
+
+def test_attention_lse_and_fully_hidden_rows():
+    from engine.backends import cpu
+
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((4, 4), (2, 4), (2, 4)))
+    out, lse = cpu.attention(q, k, v, True, 0.5)  # T=4 > S=2: the first two queries see no key
+    s = (q @ k.T) * 0.5
+    assert np.all(np.isneginf(lse[:2])) and np.all(out[:2] == 0)
+    np.testing.assert_allclose(lse[2], np.log(np.exp(s[2, :1]).sum()), rtol=1e-6)
+    np.testing.assert_allclose(lse[3], np.log(np.exp(s[3]).sum()), rtol=1e-6)
+    dq, dk, dv = cpu.attention_backward(np.ones_like(out), q, k, v, out, lse, True, 0.5)
+    assert np.all(np.isfinite(dq)) and np.all(dq[:2] == 0)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_self_attention_qkv_matches_split_heads(causal):
+    rng = np.random.default_rng(2)
+    B, T, H, D = 2, 5, 3, 4
+    qkv_np = rng.standard_normal((B, T, 3 * H * D))
+    w = rng.standard_normal((B, T, H * D))
+    got, want = [], []
+    for out_list, fused in ((got, True), (want, False)):
+        qkv = engine.tensor(qkv_np, dtype=engine.float64, requires_grad=True)
+        if fused:
+            y = F.self_attention(qkv, H, is_causal=causal)
+        else:
+            heads = qkv.reshape(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+            y = _attention_composite(heads[0], heads[1], heads[2], causal).permute(0, 2, 1, 3).reshape(B, T, H * D)
+        (y * engine.tensor(w, dtype=engine.float64)).sum().backward()
+        out_list += [y.numpy(), qkv.grad.numpy()]
+    np.testing.assert_allclose(got[0], want[0], atol=1e-12, rtol=1e-10, err_msg="out")
+    np.testing.assert_allclose(got[1], want[1], atol=1e-12, rtol=1e-10, err_msg="dqkv")
+
+
+@needs_torch
+def test_fused_attention_matches_torch():
+    check_against_torch(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                        _causal_torch, [(2, 3, 6, 8), (2, 3, 6, 8), (2, 3, 6, 8)])

@@ -1,0 +1,412 @@
+"""The run config: one file that describes a DiLoCo training run, whichever transport runs it.
+
+`coop-coordinator serve --config run.toml` and `coop swarm start --config run.toml` read the same
+file (TOML, YAML or JSON), validated by pydantic; unknown keys are refused, so a typo never passes
+silently, and every error names the field (`coordinator.min_deadline_s: ...`).
+
+    seed          initial weights, worker seeds, the swarm's group draws
+    [model]       GPT shape (vocab from the tokenizer unless given)
+    [data]        path = "default" (Python's stdlib source) or a text file; tokenizer = "char" | "bpe"
+    [inner]       steps = K and the inner optimizer of every worker/peer (coop.replica.InnerConfig)
+    [outer]       Nesterov SGD on the global weights (coop.diloco.NesterovSGD)
+    [compression] the codec pseudo-gradients travel with (coop.codec)
+    [rounds]      how many outer rounds, and evaluation
+    [coordinator] read only in HTTP mode: quorum, deadlines, timeouts, robust aggregation, size limits
+    [gossip]      read only in peer-to-peer mode: group size, weight mixing, timeouts, heartbeats
+
+`coop-coordinator example-config` (or `coop swarm example-config`) prints `EXAMPLE_TOML`. Files in
+the two older layouts (the coordinator's `[rounds] quorum_fraction`, `[aggregation]`, `[limits]`;
+the swarm's top-level `inner_steps`/`rounds`, `[gossip] codec`) are still read: `_move_legacy_keys`.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+if TYPE_CHECKING:  # the engine is imported only by the methods that build things
+    from coop.codec import Codec
+    from coop.diloco import NesterovSGD
+    from coop.replica import InnerConfig
+    from engine.nn import GPTConfig
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(Section):
+    """GPT shape. vocab_size None: the tokenizer's; a larger value pads the embedding (e.g. 50304,
+    GPT-2's 50257 rounded up to a multiple of 64, as nanoGPT does)."""
+
+    vocab_size: int | None = Field(None, ge=2)
+    n_layer: int = Field(4, ge=1)
+    n_head: int = Field(4, ge=1)
+    n_embd: int = Field(128, ge=1)
+    block_size: int = Field(128, ge=2)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    bias: bool = True
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelSection:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        return self
+
+
+class DataSection(Section):
+    """Read once, by the coordinator or by the swarm's first peer; the others receive the tokens."""
+
+    path: str = "default"  # a UTF-8 text file, or "default": the running Python's stdlib source
+    default_chars: int = Field(2_000_000, ge=10_000)  # how much of the default corpus
+    tokenizer: Literal["char", "bpe"] = "char"
+    vocab_size: int = Field(2048, ge=256)  # for bpe
+    val_fraction: float = Field(0.05, gt=0.0, lt=0.5)
+    shards: int = Field(8, ge=1, le=4096)  # HTTP mode: the training tokens are cut into this many shards
+    iid_shards: bool = True  # deal blocks round-robin so that every shard spans the whole corpus
+
+    def corpus_text(self) -> str:
+        from engine.data import default_corpus
+
+        if self.path == "default":
+            return default_corpus(self.default_chars)
+        path = Path(self.path)
+        if not path.is_file():
+            raise FileNotFoundError(f"data.path = {self.path!r}: no such file on this machine; give a UTF-8 text "
+                                    "file or \"default\"")
+        return path.read_text(encoding="utf-8", errors="replace")
+
+    def new_tokenizer(self, text: str):
+        """A tokenizer made for `text`: characters, or byte-level BPE trained to `vocab_size`."""
+        from engine.data import BPETokenizer, CharTokenizer
+
+        if self.tokenizer == "char":
+            return CharTokenizer.from_text(text)
+        return BPETokenizer.train(texts=[text], vocab_size=self.vocab_size)
+
+
+class InnerSection(Section):
+    """K inner steps per round and each replica's inner optimizer (fields of coop.replica.InnerConfig)."""
+
+    steps: int = Field(50, ge=1, le=1_000_000)  # K
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(1e-3, gt=0.0)
+    min_lr: float = Field(1e-4, ge=0.0)
+    warmup_steps: int = Field(100, ge=0)
+    total_steps: int | None = Field(None, ge=1)  # of the cosine schedule; None = rounds.max_rounds * steps
+    weight_decay: float = Field(0.1, ge=0.0)
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.95, ge=0.0, lt=1.0)
+    grad_clip: float = Field(1.0, ge=0.0)
+    batch_size: int = Field(16, ge=1)
+
+
+class OuterSection(Section):
+    lr: float = Field(0.7, gt=0.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    nesterov: bool = True
+    warmup_steps: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self) -> OuterSection:
+        if self.nesterov and self.momentum == 0:
+            raise ValueError("outer.nesterov needs outer.momentum > 0; set nesterov = false for plain averaging")
+        return self
+
+
+class CompressionSection(Section):
+    codec: Literal["fp32", "fp16", "bf16", "int8", "topk"] = "fp32"
+    options: dict[str, Any] = Field(default_factory=dict)  # e.g. {block_size = 256} or {ratio = 0.01}
+
+    @model_validator(mode="after")
+    def _codec_accepts_options(self) -> CompressionSection:
+        from coop.codec import get_codec
+
+        get_codec(self.codec, **self.options)  # raises ValueError with the codec's own message
+        return self
+
+
+class RoundsSection(Section):
+    max_rounds: int = Field(100, ge=1)  # outer rounds of the run (HTTP) or of each peer (gossip)
+    eval_every: int = Field(1, ge=0)  # val loss of the global weights every N rounds; 0: never
+    eval_batches: int = Field(8, ge=1)
+
+
+class CoordinatorSection(Section):
+    """HTTP mode. A round closes when every active worker has reported, or when the quorum has
+    reported and the deadline has passed: `deadline_factor` x the median time workers took in
+    recent rounds, clamped to [min_deadline_s, max_deadline_s]."""
+
+    min_workers: int = Field(1, ge=1)  # no round closes with fewer reports
+    quorum_fraction: float = Field(0.5, gt=0.0, le=1.0)  # of the active workers, once the deadline has passed
+    deadline_factor: float = Field(1.5, ge=1.0)
+    min_deadline_s: float = Field(10.0, gt=0.0)
+    max_deadline_s: float = Field(600.0, gt=0.0)
+    worker_timeout_s: float = Field(60.0, gt=0.0)  # no heartbeat for this long: the worker is inactive
+    heartbeat_s: float = Field(10.0, gt=0.0)  # how often workers say they are alive
+    # robust aggregation (coop.diloco.Aggregator)
+    max_norm: float | None = Field(None, gt=0.0)  # clip each contribution's global L2 norm
+    trim_fraction: float = Field(0.0, ge=0.0, lt=0.5)  # coordinate-wise trimmed mean (memory O(N x model))
+    # limits on what the network may send
+    max_update_bytes: int | None = Field(None, ge=1024)  # None: the fp32 size of the model plus headers
+    max_json_bytes: int = Field(65536, ge=1024)
+    max_workers: int = Field(1024, ge=1)
+    concurrent_uploads: int = Field(2, ge=1)  # bodies held in memory at once (memory ~ this x one update)
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> CoordinatorSection:
+        if self.min_deadline_s > self.max_deadline_s:
+            raise ValueError(f"min_deadline_s ({self.min_deadline_s}) exceeds max_deadline_s ({self.max_deadline_s})")
+        if self.heartbeat_s >= self.worker_timeout_s:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be below worker_timeout_s ({self.worker_timeout_s})")
+        return self
+
+
+class GossipSection(Section):
+    """Peer-to-peer mode (docs/p2p.md)."""
+
+    group_size: int = Field(2, ge=2, le=64)  # peers per exchange group, the peer itself included
+    mix_weights: bool = True  # also send and average the group's global weights
+    exchange_timeout_s: float = Field(30.0, gt=0, le=3600)  # to wait for partners after sending
+    request_timeout_s: float = Field(10.0, gt=0, le=3600)  # one HTTP request to a peer
+    heartbeat_s: float = Field(1.0, gt=0, le=600)  # how often peers exchange member lists
+    dead_after_s: float = Field(5.0, gt=0, le=3600)  # no contact for this long: the member is dropped
+
+    @model_validator(mode="after")
+    def _dead_after_heartbeats(self) -> GossipSection:
+        if self.dead_after_s <= self.heartbeat_s:
+            raise ValueError(f"dead_after_s ({self.dead_after_s}) must exceed heartbeat_s ({self.heartbeat_s})")
+        return self
+
+
+# Keys of the two layouts used before the config was shared -> where they live now.
+_MOVED = {
+    "rounds.min_workers": "coordinator.min_workers",
+    "rounds.quorum_fraction": "coordinator.quorum_fraction",
+    "rounds.deadline_factor": "coordinator.deadline_factor",
+    "rounds.min_deadline_s": "coordinator.min_deadline_s",
+    "rounds.max_deadline_s": "coordinator.max_deadline_s",
+    "rounds.worker_timeout_s": "coordinator.worker_timeout_s",
+    "rounds.heartbeat_s": "coordinator.heartbeat_s",
+    "aggregation.max_norm": "coordinator.max_norm",
+    "aggregation.trim_fraction": "coordinator.trim_fraction",
+    "limits.max_update_bytes": "coordinator.max_update_bytes",
+    "limits.max_json_bytes": "coordinator.max_json_bytes",
+    "limits.max_workers": "coordinator.max_workers",
+    "limits.concurrent_uploads": "coordinator.concurrent_uploads",
+    "inner_steps": "inner.steps",
+    "eval_every": "rounds.eval_every",
+    "eval_batches": "rounds.eval_batches",
+    "data.default_corpus_chars": "data.default_chars",
+    "gossip.codec": "compression.codec",
+    "gossip.codec_options": "compression.options",
+    "gossip.exchange_timeout": "gossip.exchange_timeout_s",
+    "gossip.request_timeout": "gossip.request_timeout_s",
+    "gossip.heartbeat_interval": "gossip.heartbeat_s",
+    "gossip.dead_after": "gossip.dead_after_s",
+}
+
+
+def _move_legacy_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite the older layouts into this one (a copy; `raw` is left alone)."""
+    raw = copy.deepcopy(raw)
+    rounds = raw.get("rounds")
+    if isinstance(rounds, int) and not isinstance(rounds, bool):  # the swarm's `rounds = N`
+        raw["rounds"] = {"max_rounds": rounds}
+    data = raw.get("data")
+    if isinstance(data, dict) and isinstance(data.get("files"), list):  # the swarm's `files = [...]`
+        files = data.pop("files")
+        if len(files) > 1:
+            raise ValueError("data.files is now data.path, one text file: concatenate the files into one")
+        if files:
+            data.setdefault("path", files[0])
+    for old, new in _MOVED.items():
+        old_section, _, old_key = old.rpartition(".")
+        source = raw.get(old_section) if old_section else raw
+        if not isinstance(source, dict) or old_key not in source:
+            continue
+        new_section, _, new_key = new.rpartition(".")
+        target = raw.setdefault(new_section, {})
+        if not isinstance(target, dict):
+            continue  # left for validation to refuse
+        if new_key in target:
+            raise ValueError(f"{old} (the older layout) and {new} are both given; keep {new}")
+        target[new_key] = source.pop(old_key)
+    for section in ("aggregation", "limits"):
+        if raw.get(section) == {}:
+            del raw[section]
+    return raw
+
+
+class RunConfig(Section):
+    seed: int = 0
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    inner: InnerSection = Field(default_factory=InnerSection)
+    outer: OuterSection = Field(default_factory=OuterSection)
+    compression: CompressionSection = Field(default_factory=CompressionSection)
+    rounds: RoundsSection = Field(default_factory=RoundsSection)
+    coordinator: CoordinatorSection = Field(default_factory=CoordinatorSection)
+    gossip: GossipSection = Field(default_factory=GossipSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_layouts(cls, raw: Any) -> Any:
+        return _move_legacy_keys(raw) if isinstance(raw, dict) else raw
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_fits(cls, seed: int) -> int:
+        if not 0 <= seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2^32), got {seed}")
+        return seed
+
+    def inner_total_steps(self) -> int:
+        return self.inner.total_steps or self.rounds.max_rounds * self.inner.steps
+
+    def training_identity(self) -> dict[str, Any]:
+        """The parts that must not change when a run resumes (model, data, seed): changing them
+        would make the saved weights or shards mean something else."""
+        return {"seed": self.seed, "model": self.model.model_dump(), "data": self.data.model_dump()}
+
+    # -- what the transports build from it -------------------------------------------------------
+    def gpt_config(self, tokenizer_vocab_size: int) -> GPTConfig:
+        from engine.nn import GPTConfig
+
+        vocab = self.model.vocab_size or tokenizer_vocab_size
+        if vocab < tokenizer_vocab_size:
+            raise ValueError(f"model.vocab_size {vocab} is smaller than the tokenizer's {tokenizer_vocab_size}; "
+                             "leave it out or make it larger")
+        return GPTConfig(vocab_size=vocab, **self.model.model_dump(exclude={"vocab_size"}))
+
+    def inner_config(self) -> InnerConfig:
+        from coop.replica import InnerConfig
+
+        return InnerConfig(**self.inner.model_dump(exclude={"steps", "total_steps"}),
+                           total_steps=self.inner_total_steps(), block_size=self.model.block_size)
+
+    def outer_optimizer(self) -> NesterovSGD:
+        from coop.diloco import NesterovSGD
+
+        o = self.outer
+        return NesterovSGD(o.lr, o.momentum, o.nesterov, o.warmup_steps)
+
+    def codec(self) -> Codec:
+        from coop.codec import get_codec
+
+        return get_codec(self.compression.codec, **self.compression.options)
+
+
+class ConfigError(ValueError):
+    """A run config file that cannot be read or does not validate; the message says where and why."""
+
+
+def parse_run_config(raw: Any, source: str = "run config") -> RunConfig:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a table/mapping at the top level, got {type(raw).__name__}")
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as error:
+        lines = [f"  {'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in error.errors()]
+        raise ConfigError(f"{source} is not a valid run config:\n" + "\n".join(lines)) from None
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Read a .toml, .yaml/.yml or .json run config file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no run config at {path}; write one (`coop-coordinator example-config > run.toml`)")
+    text = path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover - Python 3.10
+                import tomli as tomllib
+            raw = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            import yaml
+
+            raw = yaml.safe_load(text)
+        elif suffix == ".json":
+            raw = json.loads(text)
+        else:
+            raise ConfigError(f"{path}: unknown config format {suffix!r}; use .toml, .yaml or .json")
+    except ConfigError:
+        raise
+    except Exception as error:  # the parsers' own syntax errors, with line numbers
+        raise ConfigError(f"{path} could not be parsed: {error}") from error
+    return parse_run_config(raw, str(path))
+
+
+EXAMPLE_TOML = '''\
+# coop run config, the same file for both modes:
+#   coop-coordinator serve --config run.toml --state-dir state/     (HTTP: reads [coordinator])
+#   coop swarm start --config run.toml                              (peer to peer: reads [gossip])
+seed = 0
+
+[model]            # GPT shape; the vocabulary size comes from the tokenizer
+n_layer = 4
+n_head = 4
+n_embd = 128
+block_size = 128
+
+[data]             # read by the coordinator, or by the swarm's first peer
+path = "default"   # a UTF-8 text file, or "default" (Python's stdlib source)
+tokenizer = "char" # "char" or "bpe" (then vocab_size = 2048)
+val_fraction = 0.05
+shards = 8         # HTTP: the training tokens are cut into this many shards, handed out to workers
+
+[inner]            # each worker or peer: K steps per round with AdamW
+steps = 50
+lr = 1e-3
+min_lr = 1e-4
+warmup_steps = 100
+batch_size = 16
+
+[outer]            # Nesterov SGD on the averaged pseudo-gradients (DiLoCo's defaults)
+lr = 0.7
+momentum = 0.9
+
+[compression]
+codec = "int8"     # fp32, fp16, bf16, int8, topk
+options = { block_size = 256 }
+
+[rounds]
+max_rounds = 100
+eval_every = 1     # val loss every N rounds (0: never)
+eval_batches = 8
+
+[coordinator]      # HTTP mode only
+min_workers = 1
+quorum_fraction = 0.5
+deadline_factor = 1.5
+min_deadline_s = 10
+max_deadline_s = 600
+worker_timeout_s = 60
+heartbeat_s = 10
+# max_norm = 10.0      # clip each worker's update to this global L2 norm
+# trim_fraction = 0.1  # coordinate-wise trimmed mean (memory grows with workers)
+
+[gossip]           # peer-to-peer mode only
+group_size = 2         # peers per exchange group, this one included
+mix_weights = true     # also average the group's copies of the global weights
+exchange_timeout_s = 30
+request_timeout_s = 10
+heartbeat_s = 1
+dead_after_s = 5
+'''

@@ -1,0 +1,55 @@
+// Host-side launchers of the fused kernels (attention.cu, fused.cu) and the bf16 mixed-precision
+// kernels (mixed.cu). Same conventions as ops.h: device pointers, sizes, the device index; work is
+// queued on the device's one stream and never waited for. Bindings: bind_fused.cpp.
+#pragma once
+#include <cstdint>
+
+#include "types.h"
+
+namespace engine {
+
+// Element strides of a (batch, head, time, d) view whose last axis is unit-stride: element
+// (b, h, t, d) is at ptr[b * sb + h * sh + t * st + d]. Covers (B, H, T, D) contiguous arrays and
+// the q/k/v thirds of a packed (B, T, 3C) projection (sb = 3TC, sh = D, st = 3C) alike.
+struct AttnLayout {
+    int64_t sb, sh, st;
+};
+
+// attention.cu: causal (bottom-right aligned: query i sees key j <= i + S - T) or full attention,
+// flash-style on tensor cores (bf16, or TF32 for float32; `precise` splits float32 into two TF32
+// halves for ~float32 accuracy). dtype F32 or BF16; D % 8 == 0, D <= 128; pointers 16-byte aligned.
+// q (B, H, T, D), k, v (B, H, S, D) -> o (B, H, T, D), lse (B, H, T) float32 (natural log of the
+// softmax denominator of the scaled scores; -inf for a query that sees no key).
+void attention_forward(int device, int dtype, void* o, float* lse, const void* q, const void* k, const void* v,
+                       AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, int D,
+                       bool causal, float scale, bool precise);
+// dout has o's layout; dq, dk, dv have q's, k's and v's layouts (each element written once).
+void attention_backward(int device, int dtype, void* dq, void* dk, void* dv, const void* dout, const void* q,
+                        const void* k, const void* v, const void* o, const float* lse, AttnLayout lq, AttnLayout lk,
+                        AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, int D, bool causal, float scale,
+                        bool precise);
+
+// mixed.cu: the bfloat16 forms of elementwise.cu's binary, unary, act_backward and where (same
+// arguments; float32 arithmetic, bf16 in memory). elementwise.cu dispatches dtype BF16 here.
+void binary_bf16(int device, int op, void* out, const void* a, const void* b, double scalar, int mode,
+                 const Strided& s, int64_t n);
+void unary_bf16(int device, int op, void* out, const void* x, int64_t n);
+void act_backward_bf16(int device, int op, void* dx, const void* x, const void* g, int64_t n);
+void where_bf16(int device, void* out, const void* cond, const void* a, const void* b, double sa, double sb, bool as,
+                bool bs, const Strided& s, int64_t n);
+
+// layernorm.cu: layer_norm over the last axis with x / out / dout / dx of `dtype` (F32 or BF16);
+// weights, biases, mean, rstd and the weight gradients are float32 (statistics in float32).
+void layernorm_forward_dt(int device, int dtype, void* out, float* mean, float* rstd, const void* x, const float* w,
+                          const float* b, int64_t N, int64_t C, float eps);
+void layernorm_backward_dt(int device, int dtype, void* dx, float* dw, float* db, const void* dout, const void* x,
+                           const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
+
+// softmax.cu: cross-entropy with float32 or bf16 logits (float32 losses, lse and arithmetic);
+// dlogits (logits' dtype) may be the logits' own memory.
+void cross_entropy_forward_dt(int device, int dtype, float* losses, float* lse, const void* logits,
+                              const int64_t* targets, int64_t N, int64_t V, int64_t ignore_index);
+void cross_entropy_backward_dt(int device, int dtype, void* dlogits, const void* logits, const int64_t* targets,
+                               const float* lse, const float* g, int64_t N, int64_t V, int64_t ignore_index);
+
+}  // namespace engine
