@@ -43,7 +43,7 @@ class SimulateConfig:
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
-    block_size: int = 128
+    block_size: int = 64
     dropout: float = 0.0
     # the cooperation
     replicas: int = 4
@@ -78,7 +78,7 @@ class SimulateConfig:
     trim_fraction: float = 0.0  # coordinate-wise trimmed mean (0: plain weighted mean)
     weight_by: str = "tokens"  # "tokens" or "equal"
     # what to run and show
-    baseline: list[str] = field(default_factory=list)  # "ddp", "single"
+    baseline: list[str] = field(default_factory=lambda: ["ddp"])  # "ddp", "single", or "none"
     no_diloco: bool = False
     tag: str = ""  # appended to run names (diloco-fp32-TAG), to tell runs apart in one report
     eval_batches: int = 10
@@ -89,7 +89,8 @@ class SimulateConfig:
         checks = [("split", self.split, self.split in ("iid", "contiguous"), "iid or contiguous"),
                   ("topology", self.topology, self.topology in ("star", "gossip"), "star or gossip"),
                   ("weight-by", self.weight_by, self.weight_by in ("tokens", "equal"), "tokens or equal"),
-                  ("baseline", self.baseline, set(self.baseline) <= {"ddp", "single"}, "ddp and/or single"),
+                  ("baseline", self.baseline, set(self.baseline) <= {"ddp", "single", "none"},
+                   "ddp and/or single, or none"),
                   ("replicas", self.replicas, self.replicas >= 1, "at least 1"),
                   ("inner-steps", self.inner_steps, self.inner_steps >= 1, "at least 1"),
                   ("drop-prob", self.drop_prob, 0 <= self.drop_prob < 1, "in [0, 1)")]
@@ -441,7 +442,7 @@ def simulate(cfg: SimulateConfig, log=print) -> list[RunResult]:
     results = []
     if not cfg.no_diloco:
         results += [run_diloco(setup, codec, jsonl) for codec in cfg.compression]
-    results += [run_baseline(setup, kind, jsonl) for kind in cfg.baseline]
+    results += [run_baseline(setup, kind, jsonl) for kind in cfg.baseline if kind != "none"]
     for result in results:
         for note in result.notes:
             log(f"{result.name}: refused an update, {note}")
@@ -471,7 +472,7 @@ HELP = {
     "max_norm": "clip each pseudo-gradient to this global L2 norm (0: off)",
     "trim_fraction": "coordinate-wise trimmed mean: drop this fraction at each end",
     "weight_by": "tokens | equal: the weight of each replica's update",
-    "baseline": "also run baselines on the same tokens: ddp single",
+    "baseline": "baselines on the same tokens: ddp and/or single, or none (default: ddp)",
     "no_diloco": "run only the baselines", "tag": "suffix of the run names (to tell runs apart in --report)",
     "quiet": "no progress line", "plot": "write OUT/plot.png",
 }

@@ -39,6 +39,26 @@ void bind_fused(py::module_& m) {
         attention_backward(device, dtype, P(dq), P(dk), P(dv), P(dout), P(q), P(k), P(v), P(o), P<const float>(lse),
                            L(lq), L(lk), L(lv), L(lo), B, H, T, S, D, causal, scale, precise);
     });
+    m.def("layernorm_forward_dt", [](int device, int dtype, addr out, addr mean, addr rstd, addr x, addr w, addr b,
+                                     int64_t N, int64_t C, float eps) {
+        layernorm_forward_dt(device, dtype, P(out), P<float>(mean), P<float>(rstd), P(x), P<const float>(w),
+                             P<const float>(b), N, C, eps);
+    });
+    m.def("layernorm_backward_dt", [](int device, int dtype, addr dx, addr dw, addr db, addr dout, addr x, addr w,
+                                      addr mean, addr rstd, int64_t N, int64_t C) {
+        layernorm_backward_dt(device, dtype, P(dx), P<float>(dw), P<float>(db), P(dout), P(x), P<const float>(w),
+                              P<const float>(mean), P<const float>(rstd), N, C);
+    });
+    m.def("cross_entropy_forward_dt", [](int device, int dtype, addr losses, addr lse, addr logits, addr targets,
+                                         int64_t N, int64_t V, int64_t ignore_index) {
+        cross_entropy_forward_dt(device, dtype, P<float>(losses), P<float>(lse), P(logits), P<const int64_t>(targets),
+                                 N, V, ignore_index);
+    });
+    m.def("cross_entropy_backward_dt", [](int device, int dtype, addr dlogits, addr logits, addr targets, addr lse,
+                                          addr g, int64_t N, int64_t V, int64_t ignore_index) {
+        cross_entropy_backward_dt(device, dtype, P(dlogits), P(logits), P<const int64_t>(targets), P<const float>(lse),
+                                  P<const float>(g), N, V, ignore_index);
+    });
 }
 
 }  // namespace engine

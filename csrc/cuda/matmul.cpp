@@ -1,4 +1,5 @@
-// Matrix multiplication through cuBLASLt (row-major, batched, transposes; TF32 for float32).
+// Matrix multiplication through cuBLASLt (row-major, batched, transposes; TF32 for float32; bf16 with
+// float32 accumulation).
 //
 // Row-major C (M, N) = A (M, K) B (K, N) is column-major C^T (N, M) = B^T (N, K) A^T (K, M), so
 // cuBLASLt is called with the operands swapped: its "A" is our b and its "B" is our a. Plans
@@ -79,9 +80,11 @@ void set_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
 Plan make_plan(DeviceLt& d, const Key& k) {
     Plan p;
     bool f64 = k.dtype == F64;
-    cudaDataType_t dt = f64 ? CUDA_R_64F : CUDA_R_32F;
+    // bf16: bf16 operands and result, float32 accumulation and scaling
+    cudaDataType_t dt = f64 ? CUDA_R_64F : k.dtype == BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cudaDataType_t scale_t = f64 ? CUDA_R_64F : CUDA_R_32F;
     cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F : (k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
-    check_lt(cublasLtMatmulDescCreate(&p.op, ct, dt), "matmul desc");
+    check_lt(cublasLtMatmulDescCreate(&p.op, ct, scale_t), "matmul desc");
     // cuBLAS "A" = our b, cuBLAS "B" = our a (see the header comment)
     cublasOperation_t opA = k.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t opB = k.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -128,7 +131,7 @@ bool allow_tf32() { return g_allow_tf32; }
 
 void matmul(int device, int dtype, void* c, const void* a, const void* b, int64_t batch, int64_t M, int64_t N,
             int64_t K, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b, int64_t stride_c) {
-    if (dtype != F32 && dtype != F64) unsupported("matmul", dtype);
+    if (dtype != F32 && dtype != F64 && dtype != BF16) unsupported("matmul", dtype);
     if (batch == 0 || M == 0 || N == 0) return;
     use_device(device);
     if (K == 0) {
