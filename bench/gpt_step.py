@@ -1,18 +1,20 @@
-"""Full GPT training step (forward, backward, AdamW) on one GPU: engine against PyTorch eager fp32.
+"""Full GPT training step (forward, backward, AdamW) on one GPU: engine against PyTorch.
 
-Prints one JSON line per (config, implementation) with ms/step and tokens/s, then one line per
-config with the ratio engine / PyTorch (same model, same run, same GPU; PyTorch float32 with TF32
-matmuls, as engine's default). The two configurations and the PyTorch model are those of
-../shared/bench/torch_gpt_baseline.py (copied here, since ../shared does not travel everywhere).
+Prints one JSON line per (config, implementation, mode) with ms/step and tokens/s, then one line
+per config with every mode's tokens/s as a ratio to PyTorch's torch.compile bf16 (same model, same
+run, same GPU). Modes: engine fp32 (TF32 matmuls) and engine bf16 (engine.autocast); PyTorch eager
+fp32 (TF32), eager bf16 (torch.autocast) and torch.compile bf16, where torch is importable. The two
+configurations and the PyTorch model are those of ../shared/bench/torch_gpt_baseline.py (copied
+here, since ../shared does not travel everywhere).
 
     python bench/gpt_step.py                      # both configs, 30 timed steps after 8 warm-up
     python bench/gpt_step.py --configs shakespeare_char --steps 10 --no-torch
+    python bench/gpt_step.py --engine-modes bf16 --torch-modes compile_bf16
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 
@@ -27,7 +29,7 @@ def _flops_per_token(nparams: int, c: dict) -> float:
     return 6 * nparams + 12 * c["L"] * c["T"] * c["D"]
 
 
-def bench_engine(name: str, steps: int, warmup: int, profile: bool = False) -> dict:
+def bench_engine(name: str, steps: int, warmup: int, profile: bool = False, mode: str = "fp32") -> dict:
     import numpy as np
 
     import engine
@@ -44,7 +46,8 @@ def bench_engine(name: str, steps: int, warmup: int, profile: bool = False) -> d
     tgt = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device="cuda")
 
     def step():
-        _, loss = model(idx, tgt)
+        with engine.autocast("cuda", dtype=engine.bfloat16, enabled=mode == "bf16"):
+            _, loss = model(idx, tgt)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -62,7 +65,7 @@ def bench_engine(name: str, steps: int, warmup: int, profile: bool = False) -> d
     engine.cuda.synchronize()
     dt = (time.perf_counter() - t0) / steps
     toks = c["B"] * c["T"] / dt
-    out = dict(config=name, impl="engine", mode="fp32_tf32", params=nparams, ms_per_step=round(dt * 1e3, 3),
+    out = dict(config=name, impl="engine", mode="fp32_tf32" if mode == "fp32" else "bf16_autocast", params=nparams, ms_per_step=round(dt * 1e3, 3),
                host_ms_per_step=round((t_host - t0) / steps * 1e3, 3), tokens_per_s=round(toks),
                tflops=round(_flops_per_token(nparams, c) * toks / 1e12, 2),
                peak_mem_gb=round(engine.cuda.max_memory_allocated() / 1e9, 2), loss_after_warmup=round(first_loss, 4),
@@ -140,7 +143,9 @@ def torch_model(c: dict):
     return GPT(c["V"], c["T"], c["L"], c["H"], c["D"])
 
 
-def bench_torch(name: str, steps: int, warmup: int) -> dict:
+def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32") -> dict:
+    import contextlib
+
     import torch
 
     c = CONFIGS[name]
@@ -149,12 +154,15 @@ def bench_torch(name: str, steps: int, warmup: int) -> dict:
     torch.backends.cudnn.allow_tf32 = True
     m = torch_model(c).to("cuda")
     nparams = sum(p.numel() for p in m.parameters())
+    fwd = torch.compile(m) if mode == "compile_bf16" else m
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if mode.endswith("bf16") else contextlib.nullcontext
     opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)
     idx = torch.randint(0, c["V"], (c["B"], c["T"]), device="cuda")
     tgt = torch.randint(0, c["V"], (c["B"], c["T"]), device="cuda")
 
     def step():
-        loss = m(idx, tgt)
+        with amp():
+            loss = fwd(idx, tgt)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -170,11 +178,11 @@ def bench_torch(name: str, steps: int, warmup: int) -> dict:
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / steps
     toks = c["B"] * c["T"] / dt
-    out = dict(config=name, impl="torch", mode="eager_fp32_tf32", torch=torch.__version__, params=nparams,
+    out = dict(config=name, impl="torch", mode={"eager_fp32": "eager_fp32_tf32"}.get(mode, mode), torch=torch.__version__, params=nparams,
                ms_per_step=round(dt * 1e3, 3), tokens_per_s=round(toks),
                tflops=round(_flops_per_token(nparams, c) * toks / 1e12, 2),
                peak_mem_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2))
-    del m, opt
+    del m, opt, fwd
     torch.cuda.empty_cache()
     return out
 
@@ -184,6 +192,9 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--engine-modes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    ap.add_argument("--torch-modes", nargs="+", default=["eager_fp32", "eager_bf16", "compile_bf16"],
+                    choices=["eager_fp32", "eager_bf16", "compile_bf16"])
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     ap.add_argument("--profile", action="store_true", help="add engine's top kernels by GPU time (needs torch)")
     args = ap.parse_args(argv)
@@ -202,23 +213,27 @@ def main(argv=None) -> int:
         except ImportError:
             pass
     for name in args.configs:
-        try:
-            ours = bench_engine(name, args.steps, args.warmup, args.profile)
-        except Exception as e:  # one config failing (e.g. out of memory) should not hide the other
-            ours = dict(config=name, impl="engine", error=repr(e)[:500])
-        print(json.dumps(ours), flush=True)
-        engine.cuda.empty_cache()
-        if have_torch:
+        rows = []
+        for mode in args.engine_modes:
             try:
-                ref = bench_torch(name, args.steps, args.warmup)
+                ours = bench_engine(name, args.steps, args.warmup, args.profile, mode)
+            except Exception as e:  # one config failing (e.g. out of memory) should not hide the other
+                ours = dict(config=name, impl="engine", mode=mode, error=repr(e)[:500])
+            print(json.dumps(ours), flush=True)
+            rows.append(ours)
+            engine.cuda.empty_cache()
+        for mode in (args.torch_modes if have_torch else []):
+            try:
+                ref = bench_torch(name, args.steps, args.warmup, mode)
             except Exception as e:
-                ref = dict(config=name, impl="torch", error=repr(e)[:500])
+                ref = dict(config=name, impl="torch", mode=mode, error=repr(e)[:500])
             print(json.dumps(ref), flush=True)
-            if "ms_per_step" in ours and "ms_per_step" in ref:
-                ratio = ours["ms_per_step"] / ref["ms_per_step"]
-                print(json.dumps(dict(config=name, ratio_engine_over_torch=round(ratio, 3),
-                                      target="<= 2.0", met=bool(ratio <= 2.0 and math.isfinite(ratio)))),
-                      flush=True)
+            rows.append(ref)
+        base = next((r for r in rows if r.get("mode") == "compile_bf16" and "tokens_per_s" in r), None)
+        if base is not None:
+            ratios = {f"{r['impl']}_{r['mode']}": round(r["tokens_per_s"] / base["tokens_per_s"], 3)
+                      for r in rows if "tokens_per_s" in r}
+            print(json.dumps(dict(config=name, tokens_per_s_ratio_to_torch_compile_bf16=ratios)), flush=True)
     return 0
 
 

@@ -5,6 +5,7 @@ pseudo-gradient (global - local), the tokens it processed, its losses and the ti
 The simulation, the HTTP worker and the peers all train through this class."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -69,7 +70,7 @@ class Replica:
     """A GPT replica training on its own data shard with its own inner optimizer state."""
 
     def __init__(self, model_config: GPTConfig, data: TokenDataset, inner: InnerConfig | None = None,
-                 device: str = "cpu", seed: int = 0, model: GPT | None = None):
+                 device: str = "cpu", seed: int = 0, model: GPT | None = None, graph: bool | None = None):
         self.inner = inner or InnerConfig()
         self.data = data
         self.device = device
@@ -87,6 +88,11 @@ class Replica:
             raise ValueError(f"inner optimizer must be 'adamw' or 'sgd', got {self.inner.optimizer!r}")
         self.step = 0  # inner steps taken, drives the schedule
         self.tokens_seen = 0
+        # on a GPU, each inner step is one captured CUDA graph (graph=None: on unless COOP_GRAPH=0)
+        if graph is None:
+            graph = os.environ.get("COOP_GRAPH", "1") != "0"
+        self.captured = (engine.cuda.graphs.CapturedStep(self._update)
+                         if graph and str(device).startswith("cuda") else None)
 
     def lr_at(self, step: int) -> float:
         c = self.inner
@@ -104,14 +110,19 @@ class Replica:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         x, y = self.next_batch()
+        loss = self.captured(x, y) if self.captured is not None else self._update(x, y)
+        self.step += 1
+        self.tokens_seen += x.numel()
+        return loss
+
+    def _update(self, x: engine.Tensor, y: engine.Tensor) -> engine.Tensor:
+        """Forward, backward, clipping and the optimizer update on one batch; the loss, detached."""
         _, loss = self.model(x, y)
         self.optimizer.zero_grad()
         loss.backward()
         if self.inner.grad_clip:
             clip_grad_norm_(self.model.parameters(), self.inner.grad_clip)
         self.optimizer.step()
-        self.step += 1
-        self.tokens_seen += x.numel()
         return loss.detach()
 
     def weights(self) -> dict[str, np.ndarray]:

@@ -35,6 +35,7 @@ class TrainConfig:
     out: str = "runs/train"
     resume: bool = False
     device: str = "cpu"
+    graph: bool = True  # on a GPU, run each training step as one captured CUDA graph (engine.cuda.graphs)
     seed: int = 0
     # model
     n_layer: int = 4
@@ -125,6 +126,9 @@ class Trainer:
             self.step = int(state["step"])
             self.history = list(state["history"])
             self.log(f"resumed from {self.ckpt_path} at step {self.step}")
+        # forward, backward, clipping and AdamW as one CUDA graph after two eager warm-up steps
+        self.captured = (engine.cuda.graphs.CapturedStep(self._update)
+                         if cfg.graph and str(cfg.device).startswith("cuda") else None)
 
     def lr_at(self, step: int) -> float:
         c = self.cfg
@@ -139,18 +143,28 @@ class Trainer:
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        batches = [self.train_data.get_batch(self.cfg.batch_size, self.cfg.block_size, self.rng)
+                   for _ in range(self.cfg.grad_accum)]
+        xs, ys = np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches])  # (A, B, T)
+        if self.captured is not None:
+            total = self.captured(xs, ys)  # copied into the graph's input buffers, then one replay
+        else:
+            total = self._update(engine.tensor(xs, device=self.cfg.device), engine.tensor(ys, device=self.cfg.device))
+        self.step += 1
+        return total
+
+    def _update(self, xs: engine.Tensor, ys: engine.Tensor) -> engine.Tensor:
+        """Forward and backward over the micro-batches xs, ys (A, B, T), clipping, the AdamW update."""
         self.optimizer.zero_grad()
         total = None
-        for _ in range(self.cfg.grad_accum):
-            x, y = self.batch(self.train_data, self.rng)
-            _, loss = self.model(x, y)
+        for i in range(self.cfg.grad_accum):
+            _, loss = self.model(xs[i], ys[i])
             loss = loss * (1.0 / self.cfg.grad_accum)
             loss.backward()
             total = loss.detach() if total is None else total + loss.detach()
         if self.cfg.grad_clip:
             clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
-        self.step += 1
         return total
 
     @engine.no_grad()
@@ -228,11 +242,14 @@ def add_parser(subparsers) -> None:
     defaults = TrainConfig()
     p.add_argument("--data", nargs="+", help="text file(s) to train on (default: Python's standard library source)")
     for f in fields(TrainConfig):
-        if f.name in ("data", "resume", "quiet"):
+        if f.name in ("data", "resume", "quiet", "graph"):
             continue
         flag = "--" + f.name.replace("_", "-")
         p.add_argument(flag, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name),
                        help=f"(default: {getattr(defaults, f.name)})")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=defaults.graph,
+                   help="on a GPU, replay each training step as one captured CUDA graph (default: on; "
+                        "--no-graph runs every op from Python)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=run)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import safetensors.numpy
+import safetensors.numpy  # writes; reading is ours (checked header, then numpy views)
 
 # Metadata lives under this key of the safetensors "__metadata__" map (which only holds strings).
 METADATA_KEY = "json"
@@ -80,13 +80,19 @@ def pack(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any] | None =
 
 
 def unpack(
-    data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTES
+    data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTES, *, copy: bool = True
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Parse bytes made by `pack` back into (tensors, metadata), refusing anything malformed.
 
     Raises WireError if the input is larger than `max_bytes`, truncated, has a header that is not
     the safetensors layout, an unsupported dtype, sizes that do not match the shapes, overlapping
-    or gapped data offsets, or trailing bytes. Returned arrays are writable copies.
+    or gapped data offsets, or trailing bytes.
+
+    copy=True (the default): writable arrays of their own. copy=False: read-only views into
+    `data`, nothing copied (they keep `data` alive; a caller that later changes a writable buffer
+    changes the arrays too). For a 0.5 GB fp32 update the views save about a second of a 2-core
+    machine and the memory of the copies; a receiver that only reads, decodes or accumulates
+    (the coordinator) wants them.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError(f"expected bytes, got {type(data).__name__}")
@@ -110,14 +116,21 @@ def unpack(
 
     metadata = _parse_metadata(header.pop("__metadata__", None))
     data_len = size - 8 - header_len
-    _check_layout(header, data_len)
+    _check_layout(header, data_len)  # after this, every entry below is known to fit exactly
 
-    try:
-        tensors = safetensors.numpy.load(bytes(view))
-    except Exception as error:  # the library's own checks; ours should have caught everything first
-        raise WireError(f"safetensors refused the message: {error}") from error
-    # Writable, native arrays: callers may decode/accumulate in place.
-    return {name: np.array(array, copy=True) for name, array in tensors.items()}, metadata
+    tensors: dict[str, np.ndarray] = {}
+    base = 8 + header_len
+    for name, entry in header.items():
+        dtype = _DTYPE_OF_TAG[entry["dtype"]]
+        begin, end = entry["data_offsets"]
+        # (B,) bytes of the tensor -> its dtype and shape; a slice of a memoryview copies nothing
+        array = np.frombuffer(view[base + begin : base + end], dtype=dtype).reshape(entry["shape"])
+        if copy:
+            array = array.astype(dtype.newbyteorder("="), copy=True)  # writable, native byte order
+        else:
+            array.flags.writeable = False
+        tensors[name] = array
+    return tensors, metadata
 
 
 def _parse_metadata(raw: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .dtypes import DType, bfloat16, bool_, float16, float32, float64, int32, int64, uint8
 from .device import Device, get_default_device, set_default_device
 from .autograd import enable_grad, is_grad_enabled, no_grad
+from .autocast import autocast, get_autocast_dtype, is_autocast_enabled
 from .random import get_rng_state, manual_seed, set_rng_state
 from .tensor import (Tensor, arange, cat, concat, empty, from_dlpack, from_numpy, full, full_like, matmul, ones,
                      ones_like, rand, randint, randn, split, stack, tensor, where, zeros, zeros_like)

@@ -225,3 +225,23 @@ def set_allow_tf32(allow: bool) -> None:
 
 def allow_tf32() -> bool:
     return bool(_C.allow_tf32()) if _C is not None and hasattr(_C, "allow_tf32") else False
+
+
+# ---- CUDA graphs ----------------------------------------------------------------------------------
+# engine.cuda.graphs is engine/graphs.py (CapturedStep, graph_step, compile_block), imported on
+# first use: it needs engine.tensor, which imports this module.
+
+_GRAPH_NAMES = ("CapturedStep", "graph_step", "CompiledBlock", "compile_block", "GraphCaptureWarning")
+
+
+def __getattr__(name):
+    if name == "graphs" or name in _GRAPH_NAMES:
+        from . import graphs
+
+        return graphs if name == "graphs" else getattr(graphs, name)
+    raise AttributeError(f"module 'engine.cuda' has no attribute {name!r}")
+
+
+def is_current_stream_capturing(device=None) -> bool:
+    """True while engine's stream on the device is being recorded into a CUDA graph."""
+    return bool(is_available() and hasattr(_C, "capturing") and _C.capturing(_index(device)))

@@ -251,6 +251,8 @@ def contiguous(x: CudaArray) -> CudaArray:
 
 def dropout_mask(shape: tuple, p: float, seed: int, dtype: DType, device_index=None) -> CudaArray:
     """Inverted-dropout multiplier: 0 with probability p, else 1/(1-p); Philox, reproducible from `seed`."""
+    if dtype is bfloat16:  # drawn in float32 (the same mask), stored as bf16
+        return astype(dropout_mask(shape, p, seed, float32, device_index), bfloat16)
     out = _empty(tuple(shape), dtype, _device(device_index))
     _C.dropout_mask(out.device, _CODE[dtype], out.ptr, out.size, float(p), int(seed) & 0xFFFFFFFFFFFFFFFF, 0)
     return out
@@ -599,8 +601,8 @@ def matmul(a: CudaArray, b: CudaArray, transpose_a: bool = False, transpose_b: b
     dev = _same_device("matmul", a, b)
     if a.dtype is not b.dtype:
         raise TypeError(f"matmul: dtypes {a.dtype.name} and {b.dtype.name} differ")
-    if a.dtype not in (float32, float64):
-        raise TypeError(f"cuda backend: matmul supports float32 and float64, got {a.dtype.name}")
+    if a.dtype not in (float32, float64, bfloat16):
+        raise TypeError(f"cuda backend: matmul supports float32, float64 and bfloat16, got {a.dtype.name}")
     squeeze_m = squeeze_n = False
     if a.ndim == 1:
         a, squeeze_m, transpose_a = _view(a, (1, a.shape[0])), True, False
@@ -640,35 +642,42 @@ def matmul(a: CudaArray, b: CudaArray, transpose_a: bool = False, transpose_b: b
 
 def layer_norm(x: CudaArray, weight, bias, eps: float):
     """x (..., C) -> out (..., C), mean (...,), rstd (...,); weight, bias (C,) or None."""
-    _check_float32("layer_norm", x, weight, bias)
+    _check_float32("layer_norm", weight, bias)
+    if x.dtype not in (float32, bfloat16):
+        raise TypeError(f"cuda backend: layer_norm supports float32 and bfloat16 inputs, got {x.dtype.name}")
     C = x.shape[-1]
     N = x.size // C if C else 0
-    out = _empty(x.shape, float32, x.device)
+    out = _empty(x.shape, x.dtype, x.device)  # bf16 in, bf16 out; statistics and weights in float32
     mean = _empty(x.shape[:-1], float32, x.device)
     rstd = _empty(x.shape[:-1], float32, x.device)
-    _C.layernorm_forward(x.device, out.ptr, mean.ptr, rstd.ptr, x.ptr, weight.ptr if weight is not None else 0,
-                         bias.ptr if bias is not None else 0, N, C, float(eps))
+    _C.layernorm_forward_dt(x.device, _CODE[x.dtype], out.ptr, mean.ptr, rstd.ptr, x.ptr,
+                            weight.ptr if weight is not None else 0, bias.ptr if bias is not None else 0, N, C,
+                            float(eps))
     return out, mean, rstd
 
 
 def layer_norm_backward(grad: CudaArray, x: CudaArray, weight, mean: CudaArray, rstd: CudaArray,
                         need_weight_grads: bool = True):
     """grad (..., C) -> dx (..., C), dweight (C,) or None, dbias (C,) or None."""
-    _check_float32("layer_norm_backward", grad, x, weight)
+    _check_float32("layer_norm_backward", weight)
+    if grad.dtype is not x.dtype:
+        grad = astype(grad, x.dtype)
     C = x.shape[-1]
     N = x.size // C if C else 0
-    dx = _empty(x.shape, float32, x.device)
+    dx = _empty(x.shape, x.dtype, x.device)
     dweight = dbias = None
     if need_weight_grads:
         dweight = _empty((C,), float32, x.device) if weight is not None else None
         dbias = _empty((C,), float32, x.device)
-    _C.layernorm_backward(x.device, dx.ptr, dweight.ptr if dweight is not None else 0,
-                          dbias.ptr if dbias is not None else 0, grad.ptr, x.ptr,
-                          weight.ptr if weight is not None else 0, mean.ptr, rstd.ptr, N, C)
+    _C.layernorm_backward_dt(x.device, _CODE[x.dtype], dx.ptr, dweight.ptr if dweight is not None else 0,
+                             dbias.ptr if dbias is not None else 0, grad.ptr, x.ptr,
+                             weight.ptr if weight is not None else 0, mean.ptr, rstd.ptr, N, C)
     return dx, dweight, dbias
 
 
 def _softmax(x: CudaArray, log: bool) -> CudaArray:
+    if x.dtype is bfloat16:  # statistics in float32
+        return astype(_softmax(astype(x, float32), log), bfloat16)
     _check_float32("log_softmax" if log else "softmax", x)
     L = x.shape[-1] if x.ndim else 1
     out = _empty(x.shape, float32, x.device)
@@ -677,6 +686,8 @@ def _softmax(x: CudaArray, log: bool) -> CudaArray:
 
 
 def _softmax_backward(out: CudaArray, grad: CudaArray, log: bool) -> CudaArray:
+    if out.dtype is bfloat16:
+        return astype(_softmax_backward(astype(out, float32), astype(grad, float32), log), bfloat16)
     _check_float32("softmax_backward", out, grad)
     L = out.shape[-1] if out.ndim else 1
     dx = _empty(out.shape, float32, out.device)
@@ -704,26 +715,28 @@ def log_softmax_backward(out: CudaArray, grad: CudaArray) -> CudaArray:
 def cross_entropy(logits: CudaArray, targets: CudaArray, ignore_index: int):
     """logits (N, V), targets (N,) int64 -> losses (N,) (0 where ignored), lse (N,).
     An out-of-range target gives a NaN loss (checking would need a host sync)."""
-    _check_float32("cross_entropy", logits)
+    if logits.dtype not in (float32, bfloat16):
+        raise TypeError(f"cuda backend: cross_entropy supports float32 and bfloat16 logits, got {logits.dtype.name}")
     if targets.dtype is not int64:
         targets = astype(targets, int64)
     N, V = logits.shape
-    losses = _empty((N,), float32, logits.device)
+    losses = _empty((N,), float32, logits.device)  # float32 losses and statistics, also for bf16 logits
     lse = _empty((N,), float32, logits.device)
-    _C.cross_entropy_forward(logits.device, losses.ptr, lse.ptr, logits.ptr, targets.ptr, N, V, int(ignore_index))
+    _C.cross_entropy_forward_dt(logits.device, _CODE[logits.dtype], losses.ptr, lse.ptr, logits.ptr, targets.ptr, N, V,
+                                int(ignore_index))
     return losses, lse
 
 
 def cross_entropy_backward(logits: CudaArray, targets: CudaArray, lse: CudaArray, grad: CudaArray,
                            ignore_index: int) -> CudaArray:
     """grad (N,) -> dlogits (N, V) = (softmax - onehot) * grad (0 where ignored)."""
-    _check_float32("cross_entropy_backward", logits, grad)
+    _check_float32("cross_entropy_backward", grad)
     if targets.dtype is not int64:
         targets = astype(targets, int64)
     N, V = logits.shape
-    d = _empty((N, V), float32, logits.device)
-    _C.cross_entropy_backward(logits.device, d.ptr, logits.ptr, targets.ptr, lse.ptr, grad.ptr, N, V,
-                              int(ignore_index))
+    d = _empty((N, V), logits.dtype, logits.device)  # the logits' dtype (bf16 under autocast)
+    _C.cross_entropy_backward_dt(logits.device, _CODE[logits.dtype], d.ptr, logits.ptr, targets.ptr, lse.ptr,
+                                 grad.ptr, N, V, int(ignore_index))
     return d
 
 
@@ -895,6 +908,8 @@ def embedding(weight: CudaArray, idx: CudaArray) -> CudaArray:
 
 def embedding_backward(grad: CudaArray, idx: CudaArray, num_embeddings: int) -> CudaArray:
     """grad (..., C) -> dweight (V, C), rows scatter-added."""
+    if grad.dtype is bfloat16:
+        grad = astype(grad, float32)
     _check_float32("embedding_backward", grad)
     if idx.dtype is not int64:
         idx = astype(idx, int64)

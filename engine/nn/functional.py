@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 from .. import dtypes
+from ..autocast import cast_for as _autocast_dtype
 from ..ops import elementwise as E
 from ..ops import nn as N
 from ..ops.attention import Attention as _Attention, AttentionQKV as _AttentionQKV
@@ -19,6 +20,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: input has {x.shape[-1]} features (shape {x.shape}), "
                          f"but the weight expects {weight.shape[-1]} (weight shape {weight.shape})")
+    dt = _autocast_dtype(x)
+    if dt is not None:  # bf16 operands (fp32 master weights: the cast's backward returns fp32 gradients)
+        x, weight = x.type(dt), weight.type(dt)
+        bias = bias.type(dt) if bias is not None else None
     if bias is None:
         return _Linear.apply(x, weight)
     return _Linear.apply(x, weight, bias)
@@ -94,7 +99,7 @@ def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, red
         return losses.sum()
     if reduction != "mean":
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    kept = (targets.reshape(-1) != ignore_index).type(logits.dtype).sum()  # stays on the device: no host sync
+    kept = (targets.reshape(-1) != ignore_index).type(losses.dtype).sum()  # stays on the device: no host sync
     return losses.sum() / kept
 
 
@@ -108,7 +113,9 @@ def embedding(idx: Tensor, weight: Tensor) -> Tensor:
         if lo < 0 or hi >= weight.shape[0]:
             raise IndexError(f"embedding: index {hi if hi >= weight.shape[0] else lo} is out of range for "
                              f"{weight.shape[0]} embeddings (valid: 0..{weight.shape[0] - 1})")
-    return N.Embedding.apply(weight, idx)
+    out = N.Embedding.apply(weight, idx)
+    dt = _autocast_dtype(out)
+    return out.type(dt) if dt is not None else out
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
@@ -154,10 +161,16 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
                          "(need q (..., T, D), k (..., S, D), v (..., S, Dv))")
     T, S = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dt = _autocast_dtype(q)
+    if dt is not None:
+        q, k, v = q.type(dt), k.type(dt), v.type(dt)
     if (attn_mask is None and dropout_p == 0.0 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
             and v.shape[-1] == q.shape[-1] and q.dtype == k.dtype == v.dtype and q.dtype.is_floating_point):
         # one fused op (flash-style on the GPU): no (..., T, S) scores kept for the backward
         return _Attention.apply(q, k, v, causal=bool(is_causal), scale=float(scale))
+    if q.dtype == dtypes.bfloat16:  # the unfused path keeps scores and softmax in float32
+        out = scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal, scale)
+        return out.type(dtypes.bfloat16)
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
     if is_causal:
         scores = where(causal_mask(T, S, q.device), float("-inf"), scores)
@@ -183,4 +196,7 @@ def self_attention(qkv: Tensor, n_head: int, is_causal: bool = True, scale: floa
                          f"got shape {qkv.shape}")
     D = qkv.shape[-1] // 3 // n_head
     scale = 1.0 / math.sqrt(D) if scale is None else scale
+    dt = _autocast_dtype(qkv)
+    if dt is not None:
+        qkv = qkv.type(dt)
     return _AttentionQKV.apply(qkv, n_head=int(n_head), causal=bool(is_causal), scale=float(scale))

@@ -8,7 +8,9 @@ the moments); AdamW decays the weights directly (p = p * (1 - lr * wd)) before t
 
 The update of a whole group is one call of the backend's multi-tensor `adamw_`, so the CUDA
 backend can do it in one launch. The step count t is a Python int kept in each parameter's state
-(PyTorch's layout); the parameters of a group step together, so they share it.
+(PyTorch's layout); the parameters of a group step together, so they share it. On a GPU the
+kernel reads lr and t from device memory (device_scalars.py), so a captured CUDA graph of the step
+follows the schedule.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any
 
 from .. import autograd
 from ..tensor import zeros_like
-from .optimizer import Optimizer, ParamsT, grads_of
+from .optimizer import Optimizer, ParamsT, _all_float32, _cuda_C, _refuse_host_scalars, grads_of
 
 
 class Adam(Optimizer):
@@ -47,10 +49,9 @@ class Adam(Optimizer):
     def step(self, closure: Callable[[], Any] | None = None):
         """One update of every parameter that has a gradient; returns closure()'s loss if given."""
         loss = self._closure_loss(closure)
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            decoupled = group["decoupled_weight_decay"]
-            weight_decay = group["weight_decay"]
+        capture = self._graph_capture()
+        plans = []  # (group index, group, device, step, params)
+        for gi, group in enumerate(self.param_groups):
             # Normally one bucket per group: parameters of one device at one step count. A parameter
             # that skipped steps (no gradient) keeps its own count, as in PyTorch.
             buckets: dict[tuple, list] = {}
@@ -59,23 +60,50 @@ class Adam(Optimizer):
                     continue
                 state = self.state.setdefault(p, {})
                 if not state:
+                    if capture is not None:
+                        raise RuntimeError(f"{type(self).__name__}: optimizer state would be created inside a CUDA "
+                                           "graph capture; take an eager step first (CapturedStep's warm-up does)")
                     state["step"] = 0
                     state["exp_avg"] = zeros_like(p)
                     state["exp_avg_sq"] = zeros_like(p)
                 state["step"] = int(state["step"]) + 1
                 buckets.setdefault((p.device, state["step"]), []).append(p)
-            for (_, step), params in buckets.items():
-                be = params[0]._backend
-                grads = [g.data for g in grads_of(params, f"{type(self).__name__}.step")]
-                if weight_decay and not decoupled:  # L2: g + wd * p (new arrays; the stored grads stay as they are)
-                    grads = [be.binary("add", g, be.binary("mul", p.data, weight_decay)) for g, p in zip(grads, params)]
-                be.adamw_(
-                    [p.data for p in params], grads,
-                    [self.state[p]["exp_avg"].data for p in params],
-                    [self.state[p]["exp_avg_sq"].data for p in params],
-                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                    weight_decay=weight_decay if decoupled else 0.0, step=step,
+            per_device: dict = {}
+            for device, _ in buckets:
+                per_device[device] = per_device.get(device, 0) + 1
+            for (device, step), params in buckets.items():
+                # on a GPU, lr and step are read from device memory (one bucket per device and group)
+                on_device = device.type == "cuda" and per_device[device] == 1 and _all_float32(params)
+                plans.append((gi, group, device, step, params, on_device))
+        scalars = self._prepare_device_scalars(plans, capture, track_steps=True)
+        for gi, group, device, step, params, on_device in plans:
+            beta1, beta2 = group["betas"]
+            decoupled = group["decoupled_weight_decay"]
+            weight_decay = group["weight_decay"]
+            be = params[0]._backend
+            grads = [g.data for g in grads_of(params, f"{type(self).__name__}.step")]
+            if weight_decay and not decoupled:  # L2: g + wd * p (new arrays; the stored grads stay as they are)
+                grads = [be.binary("add", g, be.binary("mul", p.data, weight_decay)) for g, p in zip(grads, params)]
+            if on_device:
+                ds = scalars[device.index]
+                _cuda_C().adamw_dev(
+                    device.index, [p.data.ptr for p in params], [g.ptr for g in grads],
+                    [self.state[p]["exp_avg"].data.ptr for p in params],
+                    [self.state[p]["exp_avg_sq"].data.ptr for p in params], [p.data.size for p in params],
+                    ds.lr_ptr(gi), ds.step_ptr(gi), float(beta1), float(beta2), float(group["eps"]),
+                    float(weight_decay if decoupled else 0.0),
                 )
+                if capture is not None:
+                    self._note_captured_update(ds, gi, params, True)
+                continue
+            _refuse_host_scalars(self, device, capture)
+            be.adamw_(
+                [p.data for p in params], grads,
+                [self.state[p]["exp_avg"].data for p in params],
+                [self.state[p]["exp_avg_sq"].data for p in params],
+                lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                weight_decay=weight_decay if decoupled else 0.0, step=step,
+            )
         return loss
 
 

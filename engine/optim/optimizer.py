@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 
 from .. import autograd
+from ..dtypes import float32
 from ..tensor import Tensor, zeros_like
 from ..tensor import tensor as _tensor
+from .device_scalars import prepare, sync_lrs
 
 ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
 
@@ -35,6 +37,8 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.state: dict[Tensor, dict[str, Any]] = {}
         self.param_groups: list[dict[str, Any]] = []
+        self._device_scalars: dict = {}  # GPU index -> device_scalars.DeviceScalars (lr, step on the GPU)
+        self._captured_updates: list = []  # what a captured graph's replay advances (engine.graphs)
         if isinstance(params, Tensor):
             raise TypeError(
                 f"{type(self).__name__}: params should be an iterable of Tensors or of dicts, got a single "
@@ -168,6 +172,61 @@ class Optimizer:
                 if k != "params":
                     group[k] = tuple(v) if isinstance(v, list) else v
         self.state = new_state
+        for ds in self._device_scalars.values():
+            ds.known = False  # the next step uploads the loaded lr and step counts
+
+    # ---- CUDA graphs (engine/graphs.py) ---------------------------------------------------------
+
+    def _graph_capture(self):
+        """Tell engine.graphs that this optimizer steps now; returns the capture under way, or None."""
+        from .. import graphs
+
+        return graphs._note_optimizer(self)
+
+    def _sync_device_lrs(self) -> None:
+        """Before a replay: the device's lrs become the groups' current ones (a schedule moved them)."""
+        sync_lrs(self)
+
+    def _capture_snapshot(self) -> tuple:
+        """What a failed capture must undo: step counts, state entries, gradients, lr/step mirrors."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        steps = {p: s.get("step") for p, s in self.state.items()}
+        grads = {p: p.grad for p in params}
+        scalars = {d: ds.snapshot() for d, ds in self._device_scalars.items()}
+        return steps, grads, scalars
+
+    def _capture_restore(self, snap: tuple) -> None:
+        steps, grads, scalars = snap
+        for p in [p for p in self.state if p not in steps]:
+            del self.state[p]
+        for p, step in steps.items():
+            if step is not None:
+                self.state[p]["step"] = step
+        for p, g in grads.items():
+            p.grad = g
+        for d, ds_snap in scalars.items():
+            if d in self._device_scalars:
+                self._device_scalars[d].restore(ds_snap)
+        self._captured_updates = []
+
+    def _prepare_device_scalars(self, plans: list, capture, track_steps: bool) -> dict:
+        """One device_scalars.prepare per GPU for the buckets of `plans` that update on the device."""
+        updates: dict = {}
+        for gi, group, device, step, _params, on_device in plans:
+            if on_device:
+                updates.setdefault(device.index, {})[gi] = (group["lr"], step if track_steps else None)
+        return {d: prepare(self, d, u, capture is not None) for d, u in updates.items()}
+
+    def _note_captured_update(self, ds, group_index: int, params: list, counts_steps: bool) -> None:
+        self._captured_updates.append((ds, group_index, params, counts_steps))
+
+    def _advance_after_replay(self) -> None:
+        """A replay of a captured step ran one update on the GPU: count it on the host too."""
+        for ds, gi, params, counts_steps in self._captured_updates:
+            if counts_steps:
+                ds.host[1, gi] += 1
+                for p in params:
+                    self.state[p]["step"] += 1
 
     def _load_state_value(self, key: str, value: Any, p: Tensor, index: int) -> Any:
         if key not in self.state_tensor_names:  # a scalar such as "step": 0-d arrays become Python numbers
@@ -209,3 +268,21 @@ def grads_of(params: list[Tensor], who: str) -> list[Tensor]:
             raise RuntimeError(f"{who}: a parameter of shape {p.shape} has a gradient of shape {g.shape}")
         grads.append(g)
     return grads
+
+
+def _all_float32(params: list[Tensor]) -> bool:
+    return all(p.data.dtype is float32 and p.grad.data.dtype is float32 for p in params)
+
+
+def _cuda_C():
+    from .. import cuda as cuda_api
+
+    return cuda_api._C
+
+
+def _refuse_host_scalars(optimizer: Optimizer, device, capture) -> None:
+    """The host-scalar update path bakes lr and step into the kernel: refuse it inside a capture."""
+    if capture is not None and device.type == "cuda":
+        raise RuntimeError(
+            f"{type(optimizer).__name__}: this update (parameters of one group at different step counts, or not "
+            "float32) passes lr/step as kernel parameters, which a CUDA graph would freeze; it cannot be captured")

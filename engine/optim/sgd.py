@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import autograd
 from ..tensor import zeros_like
-from .optimizer import Optimizer, ParamsT, grads_of
+from .optimizer import Optimizer, ParamsT, _all_float32, _cuda_C, _refuse_host_scalars, grads_of
 
 
 class SGD(Optimizer):
@@ -44,7 +44,9 @@ class SGD(Optimizer):
     def step(self, closure: Callable[[], Any] | None = None):
         """One update of every parameter that has a gradient; returns closure()'s loss if given."""
         loss = self._closure_loss(closure)
-        for group in self.param_groups:
+        capture = self._graph_capture()
+        plans = []  # (group index, group, device, first_step, params, on_device)
+        for gi, group in enumerate(self.param_groups):
             momentum = group["momentum"]
             # Normally one bucket per group: parameters of one device that all have (or all lack) a
             # momentum buffer. A parameter that first gets a gradient late starts its buffer late.
@@ -55,14 +57,37 @@ class SGD(Optimizer):
                 state = self.state.setdefault(p, {})
                 first_step = momentum != 0 and "momentum_buffer" not in state
                 if first_step:
+                    if capture is not None:
+                        raise RuntimeError("SGD: a momentum buffer would be created inside a CUDA graph capture; take "
+                                           "an eager step first (CapturedStep's warm-up does)")
                     state["momentum_buffer"] = zeros_like(p)  # sgd_ copies the first gradient into it
                 buckets.setdefault((p.device, first_step), []).append(p)
-            for (_, first_step), params in buckets.items():
-                grads = grads_of(params, "SGD.step")
-                buffers = [self.state[p]["momentum_buffer"].data if momentum != 0 else None for p in params]
-                params[0]._backend.sgd_(
-                    [p.data for p in params], [g.data for g in grads], buffers,
-                    lr=group["lr"], momentum=momentum, dampening=group["dampening"],
-                    nesterov=group["nesterov"], weight_decay=group["weight_decay"], first_step=first_step,
+            per_device: dict = {}
+            for device, _ in buckets:
+                per_device[device] = per_device.get(device, 0) + 1
+            for (device, first_step), params in buckets.items():
+                on_device = device.type == "cuda" and per_device[device] == 1 and _all_float32(params)
+                plans.append((gi, group, device, first_step, params, on_device))
+        scalars = self._prepare_device_scalars(plans, capture, track_steps=False)
+        for gi, group, device, first_step, params, on_device in plans:
+            momentum = group["momentum"]
+            grads = grads_of(params, "SGD.step")
+            buffers = [self.state[p]["momentum_buffer"].data if momentum != 0 else None for p in params]
+            if on_device:
+                ds = scalars[device.index]
+                _cuda_C().sgd_dev(
+                    device.index, [p.data.ptr for p in params], [g.data.ptr for g in grads],
+                    [b.ptr if b is not None else 0 for b in buffers], [p.data.size for p in params], ds.lr_ptr(gi),
+                    float(momentum), float(group["dampening"]), bool(group["nesterov"]),
+                    float(group["weight_decay"]), bool(first_step),
                 )
+                if capture is not None:
+                    self._note_captured_update(ds, gi, params, False)
+                continue
+            _refuse_host_scalars(self, device, capture)
+            params[0]._backend.sgd_(
+                [p.data for p in params], [g.data for g in grads], buffers,
+                lr=group["lr"], momentum=momentum, dampening=group["dampening"],
+                nesterov=group["nesterov"], weight_decay=group["weight_decay"], first_step=first_step,
+            )
         return loss

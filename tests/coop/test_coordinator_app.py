@@ -174,27 +174,3 @@ def test_members_tokens_are_digests_and_checked_in_constant_time():
     restored = Members.from_json(members.to_json(), now=5.0)
     assert restored.authenticate(token).id == "w0"
     assert [members.join(str(i), "cpu", 0.0, 0)[0].shard for i in range(3)] == [1, 2, 0]
-
-
-def test_unpack_views_matches_wire_unpack_without_copies():
-    from coop.coordinator.updates import unpack_views
-    from coop.wire import WireError
-
-    rng = np.random.default_rng(0)
-    update = {"a": rng.standard_normal((30, 7), dtype=np.float32), "b": rng.standard_normal(13, dtype=np.float32),
-              "c": np.zeros((0, 3), np.float32), "d": np.array(3.0, np.float32)}
-    for codec, options in [("fp32", {}), ("int8", {"block_size": 8}), ("topk", {"ratio": 0.1}), ("bf16", {})]:
-        encoded = get_codec(codec, **options).encode(update)
-        body = bytearray(pack(encoded.tensors, {**encoded.metadata, "round": 1}))
-        expected, meta = unpack(bytes(body))
-        views, meta2 = unpack_views(body, len(body))
-        assert meta == meta2 and set(views) == set(expected)
-        for name, array in expected.items():
-            assert views[name].dtype == array.dtype and np.array_equal(views[name], array)
-            assert np.shares_memory(views[name], np.frombuffer(body, np.uint8)) or views[name].size == 0
-    body = bytearray(pack(update))
-    for bad in (bytearray(), body[:-1], body + b"x", bytearray(b"\xff" * 16)):
-        with pytest.raises(WireError):
-            unpack_views(bad, 10**9)
-    with pytest.raises(WireError, match="limit"):
-        unpack_views(body, len(body) - 1)

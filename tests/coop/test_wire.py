@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from coop.wire import (
-    WireError,
     TensorSpec,
+    WireError,
     check_metadata,
     check_tensors,
     pack,
@@ -174,3 +174,29 @@ def test_unpack_accepts_memoryview_and_bytearray():
         got, metadata = unpack(form)
         np.testing.assert_array_equal(got["a"], np.arange(3, dtype=np.float32))
         assert metadata == {"x": 1}
+
+
+def test_unpack_copy_false_gives_read_only_views_with_the_same_checks():
+    from coop.codec import get_codec
+
+    rng = np.random.default_rng(0)
+    update = {"a": rng.standard_normal((30, 7), dtype=np.float32), "b": rng.standard_normal(13, dtype=np.float32),
+              "c": np.zeros((0, 3), np.float32), "d": np.array(3.0, np.float32)}
+    for codec, options in [("fp32", {}), ("int8", {"block_size": 8}), ("topk", {"ratio": 0.1}), ("bf16", {})]:
+        encoded = get_codec(codec, **options).encode(update)
+        body = bytearray(pack(encoded.tensors, {**encoded.metadata, "round": 1}))
+        copies, meta = unpack(bytes(body))
+        views, meta2 = unpack(body, len(body), copy=False)
+        assert meta == meta2 and set(views) == set(copies)
+        for name, array in copies.items():
+            assert views[name].dtype == array.dtype and views[name].shape == array.shape
+            assert np.array_equal(views[name], array)
+            assert array.flags.writeable and not views[name].flags.writeable
+            assert not np.shares_memory(array, np.frombuffer(body, np.uint8))
+            assert np.shares_memory(views[name], np.frombuffer(body, np.uint8)) or views[name].size == 0
+    body = bytearray(pack(update))
+    for bad in (bytearray(), body[:-1], body + b"x", bytearray(b"\xff" * 16)):
+        with pytest.raises(WireError):
+            unpack(bad, 10**9, copy=False)
+    with pytest.raises(WireError, match="limit"):
+        unpack(body, len(body) - 1, copy=False)

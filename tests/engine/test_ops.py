@@ -257,3 +257,15 @@ def test_self_attention_qkv_matches_split_heads(causal):
 def test_fused_attention_matches_torch():
     check_against_torch(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                         _causal_torch, [(2, 3, 6, 8), (2, 3, 6, 8), (2, 3, 6, 8)])
+
+
+def test_autocast_is_cuda_only_and_leaves_cpu_alone():
+    with pytest.raises(ValueError, match="cuda"):
+        engine.autocast("cpu")
+    x = engine.randn(2, 3)
+    lin = engine.nn.Linear(3, 4)
+    assert not engine.is_autocast_enabled()
+    with engine.autocast("cuda", dtype=engine.bfloat16):
+        assert engine.get_autocast_dtype("cuda") == engine.bfloat16
+        y = lin(x)  # CPU tensors: float32 as before
+    assert y.dtype == engine.float32 and not engine.is_autocast_enabled()

@@ -1,0 +1,215 @@
+"""CUDA graphs (engine/graphs.py): a captured training step against eager steps, dropout across
+replays, compiled blocks as autograd nodes (GPU and CPU tensors), and the eager fallback.
+
+Equality: an MLP step has no atomics anywhere (matmuls, GELU, reductions, AdamW), so its captured
+replays must give bit-identical weights to eager steps. A GPT step has atomic adds (embedding and
+layer-norm backward, attention's dQ), so even two eager runs differ in the last bits: there the check
+is float32 tolerance (losses, and all but 1e-4 of the weights after 6 AdamW steps, to atol 1e-6 +
+rtol 1e-5)."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import engine
+import engine.nn.functional as F
+from engine.cuda.graphs import CapturedStep, GraphCaptureWarning, compile_block
+from engine.nn import GPT, GPTConfig, Linear, Module
+from engine.optim import AdamW, clip_grad_norm_, warmup_cosine_lr
+
+
+class MLP(Module):
+    def __init__(self, d=32, h=64):
+        super().__init__()
+        self.fc = Linear(d, h)
+        self.proj = Linear(h, d)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+def _mlp_setup(seed=0):
+    engine.manual_seed(seed)
+    model = MLP().to("cuda")
+    groups = [{"params": [model.fc.weight, model.proj.weight], "weight_decay": 0.1},
+              {"params": [model.fc.bias, model.proj.bias], "weight_decay": 0.0}]
+    return model, AdamW(groups, lr=1e-3, betas=(0.9, 0.95))
+
+
+def _mlp_step(model, opt):
+    def step(x, y):
+        opt.zero_grad()
+        d = model(x) - y
+        loss = (d * d).mean()
+        loss.backward()
+        clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        return loss
+    return step
+
+
+def _lr(i):
+    return warmup_cosine_lr(i, 1e-2, 2, 8, 1e-3)  # changes every step
+
+
+def _weights(model):
+    return [p.numpy().copy() for p in model.parameters()]
+
+
+def test_captured_step_is_bit_identical_to_eager_mlp():
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32))
+            for _ in range(8)]
+    eager_model, eager_opt = _mlp_setup()
+    graph_model, graph_opt = _mlp_setup()
+    eager_step = _mlp_step(eager_model, eager_opt)
+    captured = CapturedStep(_mlp_step(graph_model, graph_opt), warmup=2)
+    for i, (x, y) in enumerate(data):
+        for opt in (eager_opt, graph_opt):
+            for g in opt.param_groups:
+                g["lr"] = _lr(i)
+        le = eager_step(engine.tensor(x, device="cuda"), engine.tensor(y, device="cuda"))
+        lg = captured(x, y)  # numpy in: copied into the static buffers
+        assert le.numpy() == lg.numpy(), f"step {i}: loss {le.numpy()} vs {lg.numpy()}"
+        for a, b in zip(_weights(eager_model), _weights(graph_model)):
+            assert np.array_equal(a, b), f"step {i}: max diff {np.abs(a - b).max()}"
+    assert captured.captured and captured.replays == len(data) - 2
+    assert captured.memory_stats()["mallocs_in_capture"] <= 2  # the warm-up step filled the pool (nearly)
+    steps = {s["step"] for s in graph_opt.state.values()}
+    assert steps == {len(data)}  # the host-side counts follow the replays (state_dict is right)
+
+
+def test_captured_gpt_step_matches_eager_within_fp32():
+    cfg = GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64, dropout=0.0, bias=True)
+    rng = np.random.default_rng(1)
+    batches = [(rng.integers(0, 65, (4, 32)), rng.integers(0, 65, (4, 32))) for _ in range(6)]
+    runs = []
+    for use_graph in (False, True):
+        engine.manual_seed(0)
+        model = GPT(cfg).to("cuda")
+        opt = AdamW(model.optimizer_groups(0.1), lr=1e-3, betas=(0.9, 0.95))
+
+        def step(x, y, model=model, opt=opt):
+            _, loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            return loss
+
+        run = CapturedStep(step) if use_graph else step
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            for g in opt.param_groups:
+                g["lr"] = _lr(i)
+            args = (x, y) if use_graph else (engine.tensor(x, device="cuda"), engine.tensor(y, device="cuda"))
+            losses.append(float(run(*args).numpy()))
+        if use_graph:
+            assert run.captured
+        runs.append((losses, _weights(model)))
+    (l0, w0), (l1, w1) = runs
+    np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-6)
+    # AdamW normalises each gradient element, so an element whose gradient is ~0 (a sum that cancels)
+    # can take a different step in two eager runs already; all but a handful must agree to fp32
+    close = np.concatenate([np.isclose(b, a, rtol=1e-5, atol=1e-6).ravel() for a, b in zip(w0, w1)])
+    assert close.mean() > 0.9999, f"{(~close).sum()} of {close.size} weights differ"
+
+
+def test_dropout_masks_differ_between_replays():
+    def drop(x):
+        return F.dropout(x, 0.5, True)
+
+    step = CapturedStep(drop, warmup=1)
+    x = np.ones((64, 64), np.float32)
+    outs = [step(x).numpy() for _ in range(5)]  # 1 eager, 1 capture + replay, 3 replays
+    assert step.captured
+    for o in outs:
+        assert set(np.unique(o)) <= {0.0, 2.0}
+        assert 0.4 < (o == 0).mean() < 0.6
+    for i in range(1, 5):
+        for j in range(i + 1, 5):
+            assert not np.array_equal(outs[i], outs[j]), f"replays {i} and {j} drew the same mask"
+
+
+def _block_reference(module, x_np, gy_np, device):
+    x = engine.tensor(x_np, device=device, requires_grad=True)
+    for p in module.parameters():
+        p.grad = None
+    y = module(x)
+    (y * engine.tensor(gy_np, device=device)).sum().backward()
+    return y.numpy(), x.grad.numpy(), [p.grad.numpy() for p in module.parameters()]
+
+
+def _block_run(block, module, x_np, gy_np, device):
+    x = engine.tensor(x_np, device=device, requires_grad=True)
+    for p in module.parameters():
+        p.grad = None
+    y = block(x)
+    assert y.device == x.device
+    (y * engine.tensor(gy_np, device=device)).sum().backward()
+    return y.numpy(), x.grad.numpy(), [p.grad.numpy() for p in module.parameters()]
+
+
+@pytest.mark.parametrize("where", ["cuda", "cpu_inputs", "cpu_module"])
+def test_compiled_block_matches_eager(where, no_tf32):
+    engine.manual_seed(3)
+    module = MLP()
+    if where != "cpu_module":
+        module.to("cuda")
+    device = "cuda" if where == "cuda" else "cpu"
+    block = compile_block(module)
+    rng = np.random.default_rng(2)
+    for _ in range(3):  # the first call captures; later ones replay with new inputs
+        x = rng.standard_normal((4, 8, 32)).astype(np.float32)
+        gy = rng.standard_normal((4, 8, 32)).astype(np.float32)
+        got = _block_run(block, module, x, gy, device)
+        ref = _block_reference(module, x.copy(), gy, "cuda" if where == "cpu_inputs" else device)
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got[1], ref[1], rtol=1e-4, atol=1e-5)
+        for a, b in zip(got[2], ref[2]):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert len(block._graphs) == 1 and next(iter(block._graphs.values())) is not None
+
+
+def test_fallback_warns_and_still_trains():
+    rng = np.random.default_rng(4)
+    data = [(rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32))
+            for _ in range(5)]
+    eager_model, eager_opt = _mlp_setup()
+    graph_model, graph_opt = _mlp_setup()
+    eager_step = _mlp_step(eager_model, eager_opt)
+    inner = _mlp_step(graph_model, graph_opt)
+    seen = []
+
+    def step_with_sync(x, y):
+        loss = inner(x, y)
+        seen.append(loss.item())  # a host sync: cannot be captured
+        return loss
+
+    captured = CapturedStep(step_with_sync, warmup=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x, y in data:
+            eager_step(engine.tensor(x, device="cuda"), engine.tensor(y, device="cuda"))
+            captured(x, y)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, GraphCaptureWarning)]
+    assert len(msgs) == 1 and "runs eagerly" in msgs[0] and "capture" in msgs[0], msgs
+    assert not captured.captured and captured.fallback_reason
+    assert len(seen) >= len(data)
+    for a, b in zip(_weights(eager_model), _weights(graph_model)):
+        assert np.array_equal(a, b)  # the failed capture left no trace: same as eager
+    assert {s["step"] for s in graph_opt.state.values()} == {len(data)}
+
+
+def test_host_copy_inside_capture_is_refused_with_a_message():
+    def bad(x):
+        return x + engine.tensor(np.ones(4, np.float32), device="cuda")  # host data baked in: refused
+
+    step = CapturedStep(bad, warmup=1)
+    x = np.zeros(4, np.float32)
+    step(x)
+    with pytest.warns(GraphCaptureWarning, match="host-to-device copy"):
+        out = step(x)
+    np.testing.assert_array_equal(out.numpy(), np.ones(4, np.float32))
