@@ -48,7 +48,7 @@ class SimulateConfig:
     # the cooperation
     replicas: int = 4
     inner_steps: int = 50  # K
-    rounds: int | None = None  # R; default 10, or from --tokens
+    rounds: int | None = None  # R; default 6, or from --tokens
     tokens: int | None = None  # budget over all replicas; rounds = ceil(tokens / (N K B T))
     split: str = "iid"  # "iid" (blocks dealt round-robin) or "contiguous" (non-iid shards)
     topology: str = "star"  # "star" or "gossip"
@@ -110,7 +110,7 @@ class SimulateConfig:
     def total_rounds(self) -> int:
         if self.tokens is not None:
             return max(1, math.ceil(self.tokens / self.tokens_per_round))
-        return 10 if self.rounds is None else self.rounds
+        return 6 if self.rounds is None else self.rounds
 
     def join_rounds(self) -> dict[int, int]:
         """replica -> first round it takes part in (from --join-at replica:round)."""
@@ -458,7 +458,7 @@ def simulate(cfg: SimulateConfig, log=print) -> list[RunResult]:
 HELP = {
     "data": "text file(s) (default: the embedded corpus of `coop train`)",
     "replicas": "N, replicas training together", "inner_steps": "K, inner steps between merges",
-    "rounds": "R rounds (default 10)", "tokens": "token budget over all replicas, instead of --rounds",
+    "rounds": "R rounds (default 6)", "tokens": "token budget over all replicas, instead of --rounds",
     "split": "iid | contiguous (non-iid shards)", "topology": "star (one global model) | gossip",
     "gossip_group_size": "gossip: replicas averaging together each round",
     "gossip_mix": "gossip: also average the group's weights",
