@@ -25,6 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's engine
 from gpt_step import CONFIGS, bench_torch  # noqa: E402  (same configs and PyTorch reference)
 
 

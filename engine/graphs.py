@@ -35,11 +35,10 @@ from __future__ import annotations
 
 import functools
 import warnings
-import weakref
 
 import numpy as np
 
-from . import autograd, dtypes
+from . import dtypes
 from .device import Device
 from .tensor import Tensor
 

@@ -59,4 +59,4 @@ def check_update(body: bytes | bytearray, round_number: int, *, shapes: Mapping[
 def default_update_limit(n_params: int, n_tensors: int) -> int:
     """Largest honest update: fp32 values (the largest codec except topk with ratio near 1, which
     sends 8 bytes per kept value) plus the safetensors header, with some slack."""
-    return int(math.ceil(8 * n_params + 512 * n_tensors + 65536))
+    return 8 * n_params + 512 * n_tensors + 65536

@@ -15,7 +15,7 @@ import pytest
 
 import engine
 import engine.nn.functional as F
-from engine.cuda.graphs import CapturedStep, GraphCaptureWarning, compile_block
+from engine.graphs import CapturedStep, GraphCaptureWarning, compile_block  # also engine.cuda.graphs
 from engine.nn import GPT, GPTConfig, Linear, Module
 from engine.optim import AdamW, clip_grad_norm_, warmup_cosine_lr
 
