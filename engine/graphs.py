@@ -357,6 +357,7 @@ class CapturedStep:
             graph.end()
         except Exception as e:  # noqa: BLE001 - any failure means: run it eagerly instead
             _capture = None
+            graph.abort()  # (a no-op unless the failure left the stream capturing)
             ctx.rollback()
             self._fall_back(f"capture failed: {type(e).__name__}: {e}")
             return self._eager_after_fallback(args)

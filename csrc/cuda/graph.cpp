@@ -43,7 +43,12 @@ CudaGraph::CudaGraph(int device, std::shared_ptr<GraphPool> pool) : device_(devi
 }
 
 CudaGraph::~CudaGraph() {
-    if (capturing_) abort();
+    if (capturing_) {
+        try {
+            abort();
+        } catch (...) {  // never throw from a destructor
+        }
+    }
     if (exec_ != nullptr) cudaGraphExecDestroy(exec_);  // an in-flight launch completes first
     if (graph_ != nullptr) cudaGraphDestroy(graph_);
     cudaGetLastError();
@@ -64,7 +69,12 @@ void CudaGraph::begin() {
     }
     set_capturing(device_, true);
     capturing_ = true;
-    rng_epoch_advance(device_, epoch);  // the first node: every replay draws new random numbers
+    try {
+        rng_epoch_advance(device_, epoch);  // the first node: every replay draws new random numbers
+    } catch (...) {
+        abort();  // never leave the stream capturing
+        throw;
+    }
 }
 
 void CudaGraph::finish_capture(cudaGraph_t* out) {

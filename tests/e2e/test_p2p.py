@@ -211,3 +211,14 @@ def test_loss_falls_and_consensus_stays_bounded(swarm):
         assert worst < 0.2 * mean_norm, (st["peer_id"], worst, mean_norm)
     newcomer_val = statuses[-1]["val_loss"]
     assert abs(newcomer_val - statuses[0]["val_loss"]) < 0.3  # the newcomer caught up
+
+
+@pytest.fixture(autouse=True)
+def _trace_rounds(request, swarm):  # TEMP instrumentation
+    import time as _t
+    t0 = _t.monotonic()
+    def rounds():
+        return {n: (p.status() or {}).get("round") for n, p in swarm.peers.items()}
+    print(f"\n[{request.node.name}] start rounds {rounds()}")
+    yield
+    print(f"[{request.node.name}] end after {_t.monotonic()-t0:.1f}s rounds {rounds()}")
