@@ -249,6 +249,9 @@ class CompiledBlock:
         if not cuda.is_available():
             self._fall_back(f"CUDA is not available ({cuda.unavailable_reason()})")
             return
+        if not hasattr(cuda._C, "CudaGraph"):
+            self._fall_back("this build of engine._C has no CUDA graph support (rebuild it: pip install -e .)")
+            return
         self.device_index = cuda._index(device)
 
     def _fall_back(self, reason: str) -> None:

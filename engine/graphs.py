@@ -243,6 +243,9 @@ class CapturedStep:
         if not cuda.is_available():
             self._fall_back(f"CUDA is not available ({cuda.unavailable_reason()})")
             return
+        if not hasattr(cuda._C, "CudaGraph"):
+            self._fall_back("this build of engine._C has no CUDA graph support (rebuild it: pip install -e .)")
+            return
         self.device_index = cuda._index(device)
         if example_inputs:
             self._make_statics(example_inputs)

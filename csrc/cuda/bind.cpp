@@ -186,6 +186,7 @@ void bind_cuda(py::module_& m) {
     bind_ops(m);
     bind_dlpack(m);
     bind_fused(m);
+    bind_graphs(m);  // graph.cpp: CUDA graphs, private pools, device-scalar optimizer launchers
 }
 
 }  // namespace engine

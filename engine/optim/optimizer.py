@@ -271,7 +271,9 @@ def grads_of(params: list[Tensor], who: str) -> list[Tensor]:
 
 
 def _all_float32(params: list[Tensor]) -> bool:
-    return all(p.data.dtype is float32 and p.grad.data.dtype is float32 for p in params)
+    """float32 parameters and gradients, and an engine._C with the device-scalar launchers."""
+    return hasattr(_cuda_C(), "adamw_dev") and all(
+        p.data.dtype is float32 and p.grad.data.dtype is float32 for p in params)
 
 
 def _cuda_C():
