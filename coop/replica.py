@@ -6,6 +6,7 @@ The simulation, the HTTP worker and the peers all train through this class."""
 from __future__ import annotations
 
 import os
+import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -34,6 +35,7 @@ class InnerConfig:
     grad_clip: float = 1.0  # 0 disables clipping
     batch_size: int = 16
     block_size: int = 128
+    precision: str = "auto"  # "auto" (bf16 autocast on a GPU, float32 on the CPU), "bf16" or "fp32"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,6 +51,19 @@ class RoundResult:
     @property
     def mean_loss(self) -> float:
         return float(np.mean(self.losses)) if self.losses else float("nan")
+
+
+def autocast_for(device: str, precision: str = "auto"):
+    """The forward pass's precision: bf16 autocast (float32 master weights) on a GPU unless
+    precision is "fp32"; float32 on the CPU, which has no bf16 arithmetic."""
+    on_gpu = str(device).startswith("cuda")
+    if precision not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {precision!r}")
+    if precision == "bf16" and not on_gpu:
+        raise ValueError("precision 'bf16' needs a CUDA device; the CPU backend trains in float32")
+    if on_gpu and precision != "fp32":
+        return engine.autocast("cuda", dtype=engine.bfloat16)
+    return contextlib.nullcontext()
 
 
 def weights_of(model: engine.nn.Module) -> dict[str, np.ndarray]:
@@ -72,6 +87,7 @@ class Replica:
     def __init__(self, model_config: GPTConfig, data: TokenDataset, inner: InnerConfig | None = None,
                  device: str = "cpu", seed: int = 0, model: GPT | None = None, graph: bool | None = None):
         self.inner = inner or InnerConfig()
+        autocast_for(device, self.inner.precision)  # a bad precision fails here, not mid-round
         self.data = data
         self.device = device
         self.rng = np.random.default_rng(seed)
@@ -117,7 +133,8 @@ class Replica:
 
     def _update(self, x: engine.Tensor, y: engine.Tensor) -> engine.Tensor:
         """Forward, backward, clipping and the optimizer update on one batch; the loss, detached."""
-        _, loss = self.model(x, y)
+        with autocast_for(self.device, self.inner.precision):
+            _, loss = self.model(x, y)
         self.optimizer.zero_grad()
         loss.backward()
         if self.inner.grad_clip:

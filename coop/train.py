@@ -24,6 +24,7 @@ from engine.nn import GPT, GPTConfig
 from engine.optim import AdamW, clip_grad_norm_, warmup_cosine_lr
 
 from .progress import Progress, format_duration
+from .replica import autocast_for
 
 
 @dataclass
@@ -35,6 +36,7 @@ class TrainConfig:
     out: str = "runs/train"
     resume: bool = False
     device: str = "cpu"
+    precision: str = "auto"  # "auto": bf16 autocast on a GPU, float32 on the CPU; or "bf16" / "fp32"
     graph: bool = True  # on a GPU, run each training step as one captured CUDA graph (engine.cuda.graphs)
     seed: int = 0
     # model
@@ -88,6 +90,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, log=print):
         self.cfg, self.log = cfg, log
+        autocast_for(cfg.device, cfg.precision)  # a bad --precision fails before any work
         self.out = Path(cfg.out)
         self.ckpt_path = self.out / "checkpoint"
         state = None
@@ -158,7 +161,8 @@ class Trainer:
         self.optimizer.zero_grad()
         total = None
         for i in range(self.cfg.grad_accum):
-            _, loss = self.model(xs[i], ys[i])
+            with autocast_for(self.cfg.device, self.cfg.precision):
+                _, loss = self.model(xs[i], ys[i])
             loss = loss * (1.0 / self.cfg.grad_accum)
             loss.backward()
             total = loss.detach() if total is None else total + loss.detach()
@@ -173,7 +177,8 @@ class Trainer:
         rng = np.random.default_rng(10_000 + self.cfg.seed)  # the same windows every evaluation
         out = {}
         for name, data in (("train", self.train_data), ("val", self.val_data)):
-            losses = [self.model(*self.batch(data, rng))[1] for _ in range(self.cfg.eval_batches)]
+            with autocast_for(self.cfg.device, self.cfg.precision):
+                losses = [self.model(*self.batch(data, rng))[1] for _ in range(self.cfg.eval_batches)]
             out[name] = float(engine.stack(losses).mean().item())
         self.model.train()
         return out

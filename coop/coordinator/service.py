@@ -205,8 +205,9 @@ class Coordinator:
         return info
 
     # -- downloads ---------------------------------------------------------------------------------
-    def _pack_weights(self) -> bytes:
-        return pack(self.weights, {"round": self.machine.number, "model": asdict(self.model_config)})
+    def _pack_weights(self, round_number: int | None = None) -> bytes:
+        number = self.machine.number if round_number is None else round_number
+        return pack(self.weights, {"round": number, "model": asdict(self.model_config)})
 
     def count_download(self, record: WorkerRecord | None, nbytes: int, what: str) -> None:
         if record is not None:
@@ -299,8 +300,12 @@ class Coordinator:
             self.aggregator.reset()
             self.machine.abort_aggregation()
             return
+        # pack the next round's weights first, then open that round and publish them with no await
+        # in between: GET /v1/weights (which does not take the lock) must never pair the new round
+        # number with the old body (a worker that gets such a pair gives up: "weights do not match")
+        body = await asyncio.to_thread(self._pack_weights, current.number + 1)
         self.machine.finish(self.clock())
-        self.weights_body = await asyncio.to_thread(self._pack_weights)
+        self.weights_body = body
         self._round_bytes_in = 0
         self.metrics.round.set(self.machine.number)
         self.metrics.reports.set(0)

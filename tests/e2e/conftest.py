@@ -18,6 +18,7 @@ from typing import Any, Callable
 import httpx
 import pytest
 import yaml
+from p2p_helpers import child_preexec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,9 +82,11 @@ class Process:
         self.popen: subprocess.Popen | None = None
 
     def start(self) -> Process:
+        if getattr(self, "log_file", None):  # started again (a restart): the log goes on
+            self.log_file.close()
         self.log_file = open(self.log, "ab")
         self.popen = subprocess.Popen([sys.executable, *self.args], stdout=self.log_file, stderr=subprocess.STDOUT,
-                                      env=child_env(), cwd=REPO)
+                                      env=child_env(), cwd=REPO, preexec_fn=child_preexec)
         return self
 
     def alive(self) -> bool:
@@ -163,7 +166,13 @@ def procs():
         return process.start()
 
     yield track
+    for process in started:  # SIGKILL them all first, then reap: one that will not die does not spare the rest
+        if process.alive():
+            process.popen.send_signal(signal.SIGKILL)
     for process in started:
-        process.kill()
-        if getattr(process, "log_file", None):
-            process.log_file.close()
+        try:
+            if process.popen is not None:
+                process.popen.wait(timeout=30)
+        finally:
+            if getattr(process, "log_file", None):
+                process.log_file.close()

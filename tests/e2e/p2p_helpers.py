@@ -15,6 +15,30 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[2]
 
+_PARENT = os.getpid()
+try:  # Linux: a child can ask to be SIGKILLed when the process that started it dies
+    import ctypes
+
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+
+
+def child_preexec() -> None:
+    """`preexec_fn` of every process the e2e tests start.
+
+    - SIGINT back to its default: a shell starts a background job (`pytest ... &`, nohup) with
+      SIGINT ignored, the child inherits that, and Python then never raises KeyboardInterrupt: a
+      test that sends SIGINT to play Ctrl-C would see a process that ignores it.
+    - Killed with the test process (PR_SET_PDEATHSIG): no stray servers or peers even when pytest
+      itself is killed (CI timeout, SIGTERM) before its fixtures' teardown runs.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if _prctl is not None and os.getpid() != _PARENT:
+        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != _PARENT:  # the parent died before the call: nobody will kill us
+            os._exit(1)
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -35,7 +59,7 @@ class PeerProcess:
         self._log = open(self.log_path, "w")  # noqa: SIM115 (the process writes to it until stop())
         self.process = subprocess.Popen([sys.executable, "-m", module, *args, "--port", str(self.port),
                                          "--token", token, "--peer-id", name], cwd=REPO, env=env,
-                                        stdout=self._log, stderr=subprocess.STDOUT)
+                                        stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)
 
     def status(self) -> dict[str, Any] | None:
         try:
