@@ -169,7 +169,10 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         # one fused op (flash-style on the GPU): no (..., T, S) scores kept for the backward
         return _Attention.apply(q, k, v, causal=bool(is_causal), scale=float(scale))
     if q.dtype == dtypes.bfloat16:  # the unfused path keeps scores and softmax in float32
-        out = scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal, scale)
+        from ..autocast import autocast
+
+        with autocast("cuda", enabled=False):  # else the float32 inputs would be cast back to bf16
+            out = scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal, scale)
         return out.type(dtypes.bfloat16)
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)
     if is_causal:

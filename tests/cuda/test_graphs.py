@@ -111,10 +111,16 @@ def test_captured_gpt_step_matches_eager_within_fp32():
         runs.append((losses, _weights(model)))
     (l0, w0), (l1, w1) = runs
     np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-6)
-    # AdamW normalises each gradient element, so an element whose gradient is ~0 (a sum that cancels)
-    # can take a different step in two eager runs already; all but a handful must agree to fp32
-    close = np.concatenate([np.isclose(b, a, rtol=1e-5, atol=1e-6).ravel() for a, b in zip(w0, w1)])
-    assert close.mean() > 0.9999, f"{(~close).sum()} of {close.size} weights differ"
+    # The atomics in the embedding, layer-norm and attention backward make even two eager runs differ
+    # in the last bits, and AdamW's normalisation turns that into visible differences of elements whose
+    # gradient is ~0. So the trajectories are compared as a whole: the graph run must land where the
+    # eager run did, to within 1% of how far the six steps moved the weights (a wrong lr, a step
+    # count off by one or a stale input would be off by tens of percent).
+    engine.manual_seed(0)
+    w_init = _weights(GPT(cfg))
+    moved = np.sqrt(sum(((a - i) ** 2).sum() for a, i in zip(w0, w_init)))
+    apart = np.sqrt(sum(((b - a) ** 2).sum() for a, b in zip(w0, w1)))
+    assert apart < 0.01 * moved, f"graph run is {apart:.3g} from the eager run, which moved {moved:.3g}"
 
 
 def test_dropout_masks_differ_between_replays():
