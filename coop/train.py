@@ -59,6 +59,7 @@ class TrainConfig:
     val_fraction: float = 0.1
     eval_every: int = 100
     eval_batches: int = 10
+    eval_train: bool = True  # also measure the train split at each evaluation (--no-eval-train: val only)
     checkpoint_every: int = 100
     log_every: int = 10
     sample_tokens: int = 300
@@ -176,7 +177,8 @@ class Trainer:
         self.model.eval()
         rng = np.random.default_rng(10_000 + self.cfg.seed)  # the same windows every evaluation
         out = {}
-        for name, data in (("train", self.train_data), ("val", self.val_data)):
+        splits = (("train", self.train_data),) if self.cfg.eval_train else ()
+        for name, data in splits + (("val", self.val_data),):
             with autocast_for(self.cfg.device, self.cfg.precision):
                 losses = [self.model(*self.batch(data, rng))[1] for _ in range(self.cfg.eval_batches)]
             out[name] = float(engine.stack(losses).mean().item())
@@ -220,24 +222,28 @@ def train(cfg: TrainConfig, log=print) -> dict:
                                 tokens=tokens_per_step * cfg.log_every)
             if t.step % cfg.eval_every == 0 or last:
                 ev = t.evaluate()
-                record = {"step": t.step, "train_loss": ev["train"], "val_loss": ev["val"],
+                record = {"step": t.step, "train_loss": ev.get("train"), "val_loss": ev["val"],
                           "elapsed_s": round(time.perf_counter() - start, 3)}
                 t.history.append(record)
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
-                progress.note(f"step {t.step}: train loss {ev['train']:.4f}, val loss {ev['val']:.4f}")
+                train_part = f"train loss {ev['train']:.4f}, " if "train" in ev else ""
+                progress.note(f"step {t.step}: {train_part}val loss {ev['val']:.4f}")
             if t.step % cfg.checkpoint_every == 0 or last:
                 t.save()
     elapsed = time.perf_counter() - start
     final = t.history[-1] if t.history else t.evaluate()
+    best = min(t.history, key=lambda r: r["val_loss"]) if t.history else {"step": t.step, "val_loss": final["val"]}
     summary = {"steps": t.step, "train_loss": final.get("train_loss", final.get("train")),
-               "val_loss": final.get("val_loss", final.get("val")), "seconds": round(elapsed, 2),
-               "parameters": n_params, "checkpoint": str(t.ckpt_path)}
+               "val_loss": final.get("val_loss", final.get("val")), "best_val_loss": best["val_loss"],
+               "best_step": best["step"], "seconds": round(elapsed, 2), "parameters": n_params,
+               "checkpoint": str(t.ckpt_path)}
     if cfg.sample_tokens:
         summary["sample"] = t.sample()
         log("sample:\n" + summary["sample"])
-    log(f"done: {t.step} steps in {format_duration(elapsed)}, train loss {summary['train_loss']:.4f}, "
-        f"val loss {summary['val_loss']:.4f}; checkpoint in {t.ckpt_path}")
+    train_part = f"train loss {summary['train_loss']:.4f}, " if summary["train_loss"] is not None else ""
+    log(f"done: {t.step} steps in {format_duration(elapsed)}, {train_part}val loss {summary['val_loss']:.4f} "
+        f"(best {summary['best_val_loss']:.4f} at step {summary['best_step']}); checkpoint in {t.ckpt_path}")
     return summary
 
 
@@ -247,11 +253,13 @@ def add_parser(subparsers) -> None:
     defaults = TrainConfig()
     p.add_argument("--data", nargs="+", help="text file(s) to train on (default: Python's standard library source)")
     for f in fields(TrainConfig):
-        if f.name in ("data", "resume", "quiet", "graph"):
+        if f.name in ("data", "resume", "quiet", "graph", "eval_train"):
             continue
         flag = "--" + f.name.replace("_", "-")
         p.add_argument(flag, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name),
                        help=f"(default: {getattr(defaults, f.name)})")
+    p.add_argument("--eval-train", action=argparse.BooleanOptionalAction, default=defaults.eval_train,
+                   help="also measure the train split at each evaluation (default: on)")
     p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=defaults.graph,
                    help="on a GPU, replay each training step as one captured CUDA graph (default: on; "
                         "--no-graph runs every op from Python)")

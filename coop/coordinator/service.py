@@ -306,6 +306,13 @@ class Coordinator:
         body = await asyncio.to_thread(self._pack_weights, current.number + 1)
         self.machine.finish(self.clock())
         self.weights_body = body
+        # members.json only ever from the event loop, like join and leave do: from the aggregation
+        # thread it raced them (one temp file: "members.json.tmp -> members.json: no such file", a 500
+        # to a join; or a list serialized while a join changed it)
+        try:
+            save_members(self.state_dir, self.members.to_json())
+        except OSError as error:
+            log.error("round %d: could not write %s (%s)", current.number, "members.json", error)
         self._round_bytes_in = 0
         self.metrics.round.set(self.machine.number)
         self.metrics.reports.set(0)
@@ -356,10 +363,10 @@ class Coordinator:
         return record
 
     def _persist_closed_round(self) -> None:
-        """During aggregation of round r: the state after r's outer step, to resume at round r + 1."""
+        """During aggregation of round r: the state after r's outer step, to resume at round r + 1.
+        (members.json is written by _close_round, on the event loop: see there.)"""
         save_round(self.state_dir, round_number=self.machine.number + 1, weights=self.weights,
                    outer_state=self.outer.state_dict(), history=self.history, config=self.config.model_dump())
-        save_members(self.state_dir, self.members.to_json())
 
     def _evaluate_into(self, record: dict[str, Any], force: bool = False) -> None:
         every = self.config.rounds.eval_every

@@ -68,6 +68,10 @@ class PeerProcess:
         except httpx.HTTPError:
             return None
 
+    def status_now(self, timeout: float = 30) -> dict[str, Any]:
+        """The status, asked again while the peer is too busy to answer in time (status() is None)."""
+        return wait_until(self.status, timeout, f"{self.name} to answer GET /v1/status", [self])
+
     def state(self) -> bytes:
         response = httpx.get(f"{self.url}/v1/state", headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
         response.raise_for_status()

@@ -100,9 +100,9 @@ def swarm(tmp_path_factory):
 
 def swarm_running(swarm, names, margin: int = 10) -> None:
     """Fail clearly (rather than with a confusing 410 or timeout) if the swarm is about to finish."""
-    statuses = {n: swarm.peers[n].status() for n in names}
-    late = {n: st and (st["phase"], st["round"]) for n, st in statuses.items()
-            if not st or st["phase"] in ("done", "stopped") or st["round"] > ROUNDS - margin}
+    statuses = {n: swarm.peers[n].status_now() for n in names}
+    late = {n: (st["phase"], st["round"]) for n, st in statuses.items()
+            if st["phase"] in ("done", "stopped") or st["round"] > ROUNDS - margin}
     assert not late, f"the swarm is (nearly) done before the test could use it: {late}; raise ROUNDS"
 
 
@@ -117,7 +117,7 @@ def test_peers_find_each_other_and_train(swarm):
         statuses = [swarm.peers[n].status() for n in names]
         return all(st and {m["peer_id"] for m in st["members"]} == set(names) and st["round"] >= 2 for st in statuses)
     swarm.wait(everyone_in, 90, "four peers that all know each other past round 2")
-    history = swarm.peers["peer0"].status()["history"]
+    history = swarm.peers["peer0"].status_now()["history"]
     assert any(h["received_from"] for h in history), history  # updates were exchanged
 
 
@@ -153,11 +153,11 @@ def test_bad_messages_are_refused(swarm):
         ("another swarm", update(sw="0000"), auth, 403),
     ]
     swarm_running(swarm, ["peer1"], margin=30)
-    before = target.status()
+    before = target.status_now()
     for what, make_body, headers, expected in cases:
         for attempt in range(5):
             # two rounds ahead: still filed (the window) if the target moves on while the body travels
-            round_index = 0 if what == "stale round" else target.status()["round"] + 2
+            round_index = 0 if what == "stale round" else target.status_now()["round"] + 2
             response = httpx.post(f"{url}/{round_index}", content=make_body(round_index), headers=headers,
                                   timeout=60)
             moved_on = (response.status_code == 409 and expected != 409
@@ -166,7 +166,7 @@ def test_bad_messages_are_refused(swarm):
                 break
         assert response.status_code == expected, (what, response.status_code, response.text)
         assert response.json()["detail"], what
-    after = target.status()
+    after = target.status_now()
     assert after["updates_refused"] >= before["updates_refused"] + len(cases)
     # the peer is unharmed: it keeps training, and its weights are finite
     swarm.wait(lambda: (target.status() or {}).get("round", 0) >= after["round"] + 1, 60, "peer1 to go on training")
@@ -191,17 +191,18 @@ def test_killed_peer_is_dropped_and_the_rest_carry_on(swarm):
 def test_newcomer_joins_through_any_peer_and_catches_up(swarm):
     swarm_running(swarm, ["peer0", "peer1", "peer2"], margin=30)
     entry = swarm.peers["peer2"]  # not the peer that started the swarm
-    entry_round = entry.status()["round"]  # rounds only go up: the newcomer's start is at least this
+    entry_round = entry.status_now()["round"]  # rounds only go up: the newcomer's start is at least this
     newcomer = swarm.join("peer4", entry, module="coop.worker_cli")  # `coop-worker join URL`, URL a peer
     joined = swarm.wait(lambda: (st := newcomer.status()) and st["phase"] in ("training", "exchanging", "done") and st,
                         60, "the newcomer to join")
     assert joined["round"] >= entry_round  # it started from the current round, not round 0
-    assert joined["initial_val_loss"] < swarm.peers["peer0"].status()["initial_val_loss"] - 0.3  # trained weights
+    assert joined["initial_val_loss"] < swarm.peers["peer0"].status_now()["initial_val_loss"] - 0.3  # trained weights
     swarm.wait(lambda: any(h["received_from"] for h in (newcomer.status() or {"history": []})["history"]), 60,
                "the newcomer to average with a partner")
+    def knows_newcomer(name):
+        return "peer4" in {m["peer_id"] for m in (swarm.peers[name].status() or {}).get("members", [])}
     for name in ("peer0", "peer1", "peer2"):  # and the others know it
-        swarm.wait(lambda name=name: "peer4" in {m["peer_id"] for m in swarm.peers[name].status()["members"]}, 20,
-                   f"{name} to learn of the newcomer")
+        swarm.wait(lambda name=name: knows_newcomer(name), 20, f"{name} to learn of the newcomer")
 
 
 def test_loss_falls_and_consensus_stays_bounded(swarm):
