@@ -32,8 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse argv and run the chosen subcommand's `run(args)`; help when none was chosen.
+    Shared by `coop`, `coop-coordinator` and `coop-worker`."""
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -118,12 +118,9 @@ class ExitingServer(uvicorn.Server):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "run", None):
-        parser.print_help()
-        return 1
-    return args.run(args)
+    from coop.cli import run_command
+
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":
