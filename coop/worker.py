@@ -313,6 +313,9 @@ class Worker:
             return True
         if info["round"] != round_number:  # moved on between the two requests
             return False
+        if info.get("phase", "open") != "open":  # being aggregated: an update now would be refused
+            self.wait_round_end(round_number, None)
+            return False
         result = self.replica.run_round(self.weights, int(self.run_info["inner_steps"]))
         body = self.encode(result, round_number)
         outcome = self.upload(round_number, body)
