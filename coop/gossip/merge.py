@@ -18,8 +18,10 @@ The rule, one round r among n replicas (peers):
    copies of the global weights together: two groups apply different averages and the copies
    random-walk apart. So each replica's copy of the global weights is also replaced by the plain
    mean of its group's copies (``mix_global_weights``) before the outer step. Replicas of one
-   group then hold the same weights; consensus spreads across groups because the groups are
-   redrawn every round. Peers do this when the swarm config says ``mix_weights = true`` (the
+   group then start the outer step from the same weights (their momentum buffers are their own,
+   so they differ again after it); consensus spreads across groups because the groups are
+   redrawn every round (with 4 replicas in pairs, the same pairing can repeat for several rounds:
+   see docs/results.md). Peers do this when the swarm config says ``mix_weights = true`` (the
    default); pass ``global_weights`` to `gossip_round` to simulate it.
 4. **Outer step.** Each replica applies its own `NesterovSGD` (its own momentum buffer) to its own
    copy of the global weights with its averaged pseudo-gradient.
