@@ -370,19 +370,22 @@ class Worker:
 def run_worker(options: WorkerOptions, out=sys.stderr) -> int:
     """Join the coordinator at options.url and train until the run ends. Exit status: 0 done,
     1 gave up (unreachable / refused), 130 interrupted."""
-    worker = Worker(options, out)
+    worker = None
     try:
+        worker = Worker(options, out)  # inside the try: a Ctrl-C while setting up also leaves cleanly
         status = worker.run()
         print(f"\ncoop-worker: done: {worker.summary()}", file=out, flush=True)
         return status
     except KeyboardInterrupt:
-        print(f"\ncoop-worker: interrupted; leaving the run. {worker.summary()}", file=out, flush=True)
+        summary = worker.summary() if worker is not None else "nothing contributed yet"
+        print(f"\ncoop-worker: interrupted; leaving the run. {summary}", file=out, flush=True)
         return 130
     except (WorkerError, NeedsRejoin) as error:
         print(f"\ncoop-worker: {error}", file=out, flush=True)
         return 1
     finally:
-        worker.close()
+        if worker is not None:
+            worker.close()
 
 
 __all__ = ["WorkerOptions", "Worker", "run_worker", "upload_chunks", "CoordinatorClient"]

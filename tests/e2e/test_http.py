@@ -89,7 +89,9 @@ def test_a_worker_killed_mid_round_does_not_stop_the_run(tmp_path, procs):
     coordinator = procs(Coordinator(tmp_path, config))
     workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(4)]
     logs = [w.log for w in workers]
-    coordinator.wait_status(lambda s: s["round"] >= 2 and len(s["reports"]) < 4, 60, "round 2 in progress", logs)
+    # all four have joined (so each is inside its training loop) and round 2 is under way
+    coordinator.wait_status(lambda s: s["round"] >= 2 and s["active_workers"] == 4 and len(s["reports"]) < 4, 60,
+                            "round 2 in progress with all four workers", logs)
     workers[0].kill(signal.SIGKILL)
     workers[3].kill(signal.SIGINT)  # Ctrl-C: leaves the run cleanly
     assert workers[3].popen.returncode == 130 and "interrupted; leaving the run" in workers[3].output()
