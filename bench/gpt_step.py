@@ -104,43 +104,13 @@ def _profile(step, n: int, top: int = 25) -> list:
 
 
 def torch_model(c: dict):
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
+    """The PyTorch reference GPT (bench/torch_gpt.py) for configuration c."""
+    import os
 
-    class Block(nn.Module):
-        def __init__(s, d, h):
-            super().__init__()
-            s.ln1, s.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            s.qkv, s.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            s.fc, s.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-            s.h = h
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_gpt import TorchGPT
 
-        def forward(s, x):
-            B, T, C = x.shape
-            q, k, v = s.qkv(s.ln1(x)).split(C, dim=2)
-            q, k, v = (t.view(B, T, s.h, C // s.h).transpose(1, 2) for t in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + s.proj(y.transpose(1, 2).reshape(B, T, C))
-            return x + s.out(F.gelu(s.fc(s.ln2(x)), approximate="tanh"))
-
-    class GPT(nn.Module):
-        def __init__(s, V, T, L, H, D):
-            super().__init__()
-            s.wte, s.wpe = nn.Embedding(V, D), nn.Embedding(T, D)
-            s.blocks = nn.ModuleList(Block(D, H) for _ in range(L))
-            s.lnf = nn.LayerNorm(D)
-            s.head = nn.Linear(D, V, bias=False)
-            s.head.weight = s.wte.weight
-
-        def forward(s, idx, tgt):
-            x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1], device=idx.device))
-            for b in s.blocks:
-                x = b(x)
-            logits = s.head(s.lnf(x))
-            return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
-
-    return GPT(c["V"], c["T"], c["L"], c["H"], c["D"])
+    return TorchGPT(c["V"], c["T"], c["L"], c["H"], c["D"])
 
 
 def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32") -> dict:
