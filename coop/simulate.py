@@ -237,6 +237,9 @@ class StarTopology:
     def eval_weights(self) -> Weights:
         return self.global_weights
 
+    def consensus_distance(self) -> float:
+        return 0.0  # one model
+
     def merge(self, round_index: int, updates: dict[int, Weights], tokens: dict[int, int],
               sent: dict[int, int]) -> tuple[dict[int, int], dict[int, int]]:
         """Returns (bytes sent, bytes received) per replica for this merge."""
@@ -291,6 +294,10 @@ class GossipTopology:
     def eval_weights(self) -> Weights:
         copies = [self.bases[i] for i in sorted(self.joined)]
         return {n: np.mean([b[n] for b in copies], axis=0, dtype=np.float64).astype(np.float32) for n in copies[0]}
+
+    def consensus_distance(self) -> float:
+        """How far the joined replicas' copies of the global weights are from their mean."""
+        return self.gossip.consensus_distance([self.bases[i] for i in sorted(self.joined)])
 
     def merge(self, round_index, updates, tokens, sent):
         ids = sorted(updates)  # the active replicas in index order, as the rule says
@@ -377,7 +384,8 @@ def run_diloco(setup: Setup, codec_name: str, jsonl: Path | None = None) -> RunR
                 rec.received[i] += bytes_received.get(i, 0)
                 holds[i] = version
         rec.point(r + 1, (r + 1) * K, float(np.mean(losses)) if losses else math.nan,
-                  evaluate(setup, topology.eval_weights()), sum(tokens.values()), sorted(tokens))
+                  evaluate(setup, topology.eval_weights()), sum(tokens.values()), sorted(tokens),
+                  consensus_distance=topology.consensus_distance())
     return RunResult(name, rec.records, copy_weights(topology.eval_weights()), topology.refused)
 
 

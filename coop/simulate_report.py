@@ -35,8 +35,9 @@ class RunLog:
         self.progress = Progress(total=total, quiet=quiet)
 
     def point(self, done: int, step: int, train_loss: float, val_loss: float, tokens: int,
-              taking_part: list[int]) -> dict:
-        """Log round (or point) `done`: `tokens` processed since the last point, by `taking_part`."""
+              taking_part: list[int], consensus_distance: float | None = None) -> dict:
+        """Log round (or point) `done`: `tokens` processed since the last point, by `taking_part`;
+        for DiLoCo runs also how far the replicas' copies of the global weights are apart."""
         self.tokens += tokens
         record = {"run": self.name, "round": done, "step": step, "tokens": self.tokens,
                   "train_loss": round(train_loss, 6) if math.isfinite(train_loss) else None,  # None: nobody trained
@@ -44,6 +45,8 @@ class RunLog:
                   "bytes_sent": max(self.sent), "bytes_received": max(self.received),
                   "bytes_sent_by_replica": list(self.sent), "bytes_received_by_replica": list(self.received),
                   "taking_part": list(taking_part), "wall_s": round(time.perf_counter() - self.start, 3)}
+        if consensus_distance is not None:
+            record["consensus_distance"] = round(consensus_distance, 6)
         self.records.append(record)
         if self.jsonl:
             append_jsonl(self.jsonl, record)

@@ -169,12 +169,16 @@ def test_gossip_with_one_group_is_the_star_merge_and_counts_partner_bytes(setup)
     star = sim.run_diloco(setup, "int8")
     one_group = sim.run_diloco(replace(setup, cfg=replace(setup.cfg, topology="gossip", gossip_group_size=3)), "int8")
     assert_same_weights(one_group.weights, star.weights, rtol=1e-5, atol=1e-6)
+    # one group keeps every copy identical; the star has one model
+    assert all(r["consensus_distance"] < 1e-6 for r in one_group.records + star.records)
     cfg = replace(setup.cfg, replicas=4, topology="gossip", gossip_group_size=2, join_at=["3:1"], drop_prob=0.2)
     pairs = sim.run_diloco(sim.build_setup(cfg), "int8")
     assert pairs.name == "gossip-int8" and all(np.isfinite(w).all() for w in pairs.weights.values())
     message = sim.codec_for(cfg, "int8").payload_nbytes(shapes_of(setup.initial)) + setup.fp32_bytes
     sent = pairs.records[-1]["bytes_sent_by_replica"]
     assert all(b % message == 0 for b in sent) and max(sent) > 0  # whole messages to partners
+    distances = [r["consensus_distance"] for r in pairs.records]
+    assert all(np.isfinite(distances)) and max(distances) > 0  # pairs let the copies drift apart a little
 
 
 def test_replica_class_is_the_one_the_workers_use():
