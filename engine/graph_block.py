@@ -244,14 +244,12 @@ class CompiledBlock:
         if not enabled:
             self.fallback_reason = "disabled (enabled=False)"
             return
+        reason = _graphs().capture_unavailable()
+        if reason is not None:
+            self._fall_back(reason)
+            return
         from . import cuda
 
-        if not cuda.is_available():
-            self._fall_back(f"CUDA is not available ({cuda.unavailable_reason()})")
-            return
-        if not hasattr(cuda._C, "CudaGraph"):
-            self._fall_back("this build of engine._C has no CUDA graph support (rebuild it: pip install -e .)")
-            return
         self.device_index = cuda._index(device)
 
     def _fall_back(self, reason: str) -> None:

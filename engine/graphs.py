@@ -103,6 +103,16 @@ def _cuda():
     return cuda
 
 
+def capture_unavailable() -> str | None:
+    """Why no CUDA graph can be captured in this process, or None when one can."""
+    cuda = _cuda()
+    if not cuda.is_available():
+        return f"CUDA is not available ({cuda.unavailable_reason()})"
+    if not hasattr(cuda._C, "CudaGraph"):
+        return "this build of engine._C has no CUDA graph support (rebuild it: pip install -e .)"
+    return None
+
+
 def _warn(what: str, reason: str) -> None:
     warnings.warn(f"engine.graphs: {what} runs eagerly: {reason}", GraphCaptureWarning, stacklevel=3)
 
@@ -239,14 +249,11 @@ class CapturedStep:
         if not enabled:
             self.fallback_reason = "disabled (enabled=False)"
             return
-        cuda = _cuda()
-        if not cuda.is_available():
-            self._fall_back(f"CUDA is not available ({cuda.unavailable_reason()})")
+        reason = capture_unavailable()
+        if reason is not None:
+            self._fall_back(reason)
             return
-        if not hasattr(cuda._C, "CudaGraph"):
-            self._fall_back("this build of engine._C has no CUDA graph support (rebuild it: pip install -e .)")
-            return
-        self.device_index = cuda._index(device)
+        self.device_index = _cuda()._index(device)
         if example_inputs:
             self._make_statics(example_inputs)
 
