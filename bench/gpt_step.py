@@ -2,7 +2,8 @@
 
 Prints one JSON line per (config, implementation, mode) with ms/step and tokens/s, then one line
 per config with every mode's tokens/s as a ratio to PyTorch's torch.compile bf16 (same model, same
-run, same GPU). Modes: engine fp32 (TF32 matmuls) and engine bf16 (engine.autocast); PyTorch eager
+run, same GPU). Modes: engine fp32 (TF32 matmuls), engine bf16 (engine.autocast) and engine bf16 with
+the whole step replayed as one CUDA graph (engine.cuda.graphs.CapturedStep); PyTorch eager
 fp32 (TF32), eager bf16 (torch.autocast) and torch.compile bf16, where torch is importable. The two
 configurations and the PyTorch model are those of ../shared/bench/torch_gpt_baseline.py (copied
 here, since ../shared does not travel everywhere).
@@ -45,17 +46,22 @@ def bench_engine(name: str, steps: int, warmup: int, profile: bool = False, mode
     idx = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device="cuda")
     tgt = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device="cuda")
 
-    def step():
-        with engine.autocast("cuda", dtype=engine.bfloat16, enabled=mode == "bf16"):
-            _, loss = model(idx, tgt)
+    def step_fn(x, y):
+        with engine.autocast("cuda", dtype=engine.bfloat16, enabled=mode != "fp32"):
+            _, loss = model(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
 
+    captured = engine.cuda.graphs.CapturedStep(step_fn) if mode == "bf16_graph" else None
+
+    def step():
+        return captured(idx, tgt) if captured is not None else step_fn(idx, tgt)
+
     for _ in range(warmup):
         loss = step()
-    first_loss = loss.item()
+    first_loss = float(loss.numpy())
     engine.cuda.synchronize()
     engine.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -65,12 +71,16 @@ def bench_engine(name: str, steps: int, warmup: int, profile: bool = False, mode
     engine.cuda.synchronize()
     dt = (time.perf_counter() - t0) / steps
     toks = c["B"] * c["T"] / dt
-    out = dict(config=name, impl="engine", mode="fp32_tf32" if mode == "fp32" else "bf16_autocast", params=nparams, ms_per_step=round(dt * 1e3, 3),
+    out = dict(config=name, impl="engine", mode={"fp32": "fp32_tf32", "bf16": "bf16_autocast"}.get(mode, mode), params=nparams, ms_per_step=round(dt * 1e3, 3),
                host_ms_per_step=round((t_host - t0) / steps * 1e3, 3), tokens_per_s=round(toks),
                tflops=round(_flops_per_token(nparams, c) * toks / 1e12, 2),
                peak_mem_gb=round(engine.cuda.max_memory_allocated() / 1e9, 2), loss_after_warmup=round(first_loss, 4),
-               loss=round(loss.item(), 4))
-    if profile:
+               loss=round(float(loss.numpy()), 4))
+    if captured is not None:
+        out["captured"] = captured.captured
+        if not captured.captured:
+            out["fallback_reason"] = captured.fallback_reason
+    if profile and captured is None:
         out["profile_top_kernels"] = _profile(step, 3)
     return out
 
@@ -162,7 +172,8 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
-    ap.add_argument("--engine-modes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    ap.add_argument("--engine-modes", nargs="+", default=["fp32", "bf16", "bf16_graph"],
+                    choices=["fp32", "bf16", "bf16_graph"])
     ap.add_argument("--torch-modes", nargs="+", default=["eager_fp32", "eager_bf16", "compile_bf16"],
                     choices=["eager_fp32", "eager_bf16", "compile_bf16"])
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")

@@ -136,6 +136,10 @@ void bind_ops(py::module_& m) {
                        bool ta, bool tb, int64_t sa, int64_t sb, int64_t sc) {
         matmul(device, dtype, P(c), P(a), P(b), batch, M, N, K, ta, tb, sa, sb, sc);
     });
+    m.def("matmul_epilogue", [](int device, int dtype, int epilogue, addr c, addr a, addr b, int64_t M, int64_t N,
+                                int64_t K, bool ta, bool tb, addr bias, addr aux) {
+        return matmul_epilogue(device, dtype, epilogue, P(c), P(a), P(b), M, N, K, ta, tb, P(bias), P(aux));
+    });
     m.def("set_allow_tf32", &set_allow_tf32);
     m.def("allow_tf32", &allow_tf32);
 }

@@ -3,8 +3,14 @@
 //
 // Row-major C (M, N) = A (M, K) B (K, N) is column-major C^T (N, M) = B^T (N, K) A^T (K, M), so
 // cuBLASLt is called with the operands swapped: its "A" is our b and its "B" is our a. Plans
-// (descriptors + the heuristic's algorithm) are cached per shape, so a training step does no
-// heuristic queries after its first iteration.
+// (descriptors + the heuristic's algorithm) are cached per shape and epilogue, so a training step
+// does no heuristic queries after its first iteration.
+//
+// Epilogues fold the Linear layer's bias and GELU into the GEMM (no extra pass over the output):
+// BIAS c = a b + bias; GELU_BIAS c = gelu(a b + bias) with the pre-activation written to aux (the
+// backward's input); BGRAD c = a b and bias = row sums of op(a) (the bias gradient, from the weight
+// gradient's GEMM). In cuBLAS terms our output columns are its rows, so our bias (N,) is its
+// per-row bias (EPILOGUE_BIAS), and our op(a)'s rows are its B's columns (EPILOGUE_BGRADB).
 #include <cublasLt.h>
 
 #include <cstring>
@@ -25,7 +31,7 @@ void check_lt(cublasStatus_t s, const char* what) {
 }
 
 struct Key {
-    int dtype, tf32, ta, tb, align_a, align_b, align_c;
+    int dtype, tf32, ta, tb, align_a, align_b, align_c, epilogue;
     int64_t batch, M, N, K, sa, sb, sc;
     bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 };
@@ -42,7 +48,18 @@ struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
     cublasLtMatmulAlgo_t algo;
+    bool found = false;  // false: cuBLASLt has no algorithm for this epilogue (the caller runs it unfused)
 };
+
+cublasLtEpilogue_t lt_epilogue(int e) {
+    switch (e) {
+        case EPI_BIAS: return CUBLASLT_EPILOGUE_BIAS;
+        case EPI_GELU_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+        case EPI_GELU: return CUBLASLT_EPILOGUE_GELU_AUX;
+        case EPI_BGRAD: return CUBLASLT_EPILOGUE_BGRADB;
+        default: return CUBLASLT_EPILOGUE_DEFAULT;
+    }
+}
 
 struct DeviceLt {
     cublasLtHandle_t handle = nullptr;
@@ -90,6 +107,18 @@ Plan make_plan(DeviceLt& d, const Key& k) {
     cublasOperation_t opB = k.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)), "matmul desc");
     check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)), "matmul desc");
+    if (k.epilogue != EPI_NONE) {
+        cublasLtEpilogue_t epi = lt_epilogue(k.epilogue);
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue");
+        cudaDataType_t bias_t = dt;  // bias (and its gradient) in the output's type
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof(bias_t)),
+                 "epilogue");
+        if (k.epilogue == EPI_GELU_BIAS || k.epilogue == EPI_GELU) {
+            int64_t aux_ld = k.N;  // aux is (M, N) row-major like c
+            check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+                     "epilogue");
+        }
+    }
     // our b: (K, N) row-major = (N, K) col-major, ld N; transposed: (N, K) row-major = (K, N) col-major, ld K
     if (!k.tb) check_lt(cublasLtMatrixLayoutCreate(&p.la, dt, k.N, k.K, k.N), "layout");
     else check_lt(cublasLtMatrixLayoutCreate(&p.la, dt, k.K, k.N, k.K), "layout");
@@ -116,11 +145,13 @@ Plan make_plan(DeviceLt& d, const Key& k) {
     int found = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(d.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
+    if (k.epilogue != EPI_NONE && (s != CUBLAS_STATUS_SUCCESS || found == 0)) return p;  // not found: unfused
     check_lt(s, "heuristic");
     if (found == 0)
         throw CudaError("engine op 'matmul': cuBLASLt found no algorithm for M=" + std::to_string(k.M) +
                         " N=" + std::to_string(k.N) + " K=" + std::to_string(k.K) + " batch=" + std::to_string(k.batch));
     p.algo = result.algo;
+    p.found = true;
     return p;
 }
 
@@ -128,6 +159,47 @@ Plan make_plan(DeviceLt& d, const Key& k) {
 
 void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
 bool allow_tf32() { return g_allow_tf32; }
+
+namespace {
+
+// the cached plan for one call (creating it on first use); the caller holds g_mutex
+const Plan& plan_for(DeviceLt& d, int dtype, int epilogue, void* c, const void* a, const void* b, int64_t batch,
+                     int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
+                     int64_t stride_c) {
+    Key k;
+    std::memset(&k, 0, sizeof(k));
+    k.dtype = dtype;
+    k.tf32 = dtype == F32 && g_allow_tf32;
+    k.ta = trans_a;
+    k.tb = trans_b;
+    k.align_a = alignment(a);
+    k.align_b = alignment(b);
+    k.align_c = alignment(c);
+    k.epilogue = epilogue;
+    k.batch = batch;
+    k.M = M;
+    k.N = N;
+    k.K = K;
+    k.sa = batch > 1 ? stride_a : 0;
+    k.sb = batch > 1 ? stride_b : 0;
+    k.sc = batch > 1 ? stride_c : 0;
+    auto it = d.plans.find(k);
+    if (it == d.plans.end()) it = d.plans.emplace(k, make_plan(d, k)).first;
+    return it->second;
+}
+
+void run_plan(DeviceLt& d, const Plan& p, int device, int dtype, void* c, const void* a, const void* b) {
+    double one64 = 1.0, zero64 = 0.0;
+    float one32 = 1.f, zero32 = 0.f;
+    const void* alpha = dtype == F64 ? (const void*)&one64 : (const void*)&one32;
+    const void* beta = dtype == F64 ? (const void*)&zero64 : (const void*)&zero32;
+    check_lt(cublasLtMatmul(d.handle, p.op, alpha, b, p.la, a, p.lb, beta, c, p.lc, c, p.lc, &p.algo, d.workspace,
+                            d.workspace_bytes, stream(device)),
+             "matmul");
+    check_launch("matmul");
+}
+
+}  // namespace
 
 void matmul(int device, int dtype, void* c, const void* a, const void* b, int64_t batch, int64_t M, int64_t N,
             int64_t K, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b, int64_t stride_c) {
@@ -140,33 +212,30 @@ void matmul(int device, int dtype, void* c, const void* a, const void* b, int64_
     }
     std::lock_guard<std::mutex> lock(g_mutex);
     DeviceLt& d = lt(device);
-    Key k;
-    std::memset(&k, 0, sizeof(k));
-    k.dtype = dtype;
-    k.tf32 = dtype == F32 && g_allow_tf32;
-    k.ta = trans_a;
-    k.tb = trans_b;
-    k.align_a = alignment(a);
-    k.align_b = alignment(b);
-    k.align_c = alignment(c);
-    k.batch = batch;
-    k.M = M;
-    k.N = N;
-    k.K = K;
-    k.sa = batch > 1 ? stride_a : 0;
-    k.sb = batch > 1 ? stride_b : 0;
-    k.sc = batch > 1 ? stride_c : 0;
-    auto it = d.plans.find(k);
-    if (it == d.plans.end()) it = d.plans.emplace(k, make_plan(d, k)).first;
-    const Plan& p = it->second;
-    double one64 = 1.0, zero64 = 0.0;
-    float one32 = 1.f, zero32 = 0.f;
-    const void* alpha = dtype == F64 ? (const void*)&one64 : (const void*)&one32;
-    const void* beta = dtype == F64 ? (const void*)&zero64 : (const void*)&zero32;
-    check_lt(cublasLtMatmul(d.handle, p.op, alpha, b, p.la, a, p.lb, beta, c, p.lc, c, p.lc, &p.algo, d.workspace,
-                            d.workspace_bytes, stream(device)),
-             "matmul");
-    check_launch("matmul");
+    const Plan& p = plan_for(d, dtype, EPI_NONE, c, a, b, batch, M, N, K, trans_a, trans_b, stride_a, stride_b,
+                             stride_c);
+    run_plan(d, p, device, dtype, c, a, b);
+}
+
+bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a, const void* b, int64_t M, int64_t N,
+                     int64_t K, bool trans_a, bool trans_b, void* bias, void* aux) {
+    if (dtype != F32 && dtype != BF16) return false;
+    if (M == 0 || N == 0 || K == 0) return false;
+    if (epilogue < EPI_BIAS || epilogue > EPI_GELU) throw std::invalid_argument("matmul_epilogue: unknown epilogue");
+    if ((epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU) && (aux == nullptr || N % 8 != 0)) return false;
+    use_device(device);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    DeviceLt& d = lt(device);
+    const Plan& p = plan_for(d, dtype, epilogue, c, a, b, 1, M, N, K, trans_a, trans_b, 0, 0, 0);
+    if (!p.found) return false;
+    if (epilogue != EPI_GELU)
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+                 "epilogue");
+    if (epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU)
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+                 "epilogue");
+    run_plan(d, p, device, dtype, c, a, b);
+    return true;
 }
 
 }  // namespace engine

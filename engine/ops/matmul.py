@@ -23,26 +23,22 @@ class MatMul(Function):
 
 
 class Linear(Function):
-    """x (..., I) @ w (O, I)^T + b (O,) -> (..., O); batch dims folded into rows for one GEMM."""
+    """act(x (..., I) @ w (O, I)^T + b (O,)) -> (..., O), act None or "gelu"; batch dims folded into
+    rows for one GEMM, with bias and GELU in the GEMM's epilogue on the GPU."""
 
-    def forward(self, x, w, b=None):
+    def forward(self, x, w, b=None, activation=None):
         be = self.be
         self.x_shape = tuple(x.shape)
         self.x2 = be.reshape(x, (-1, x.shape[-1]))  # (N, I)
-        self.w = w
-        out = be.matmul(self.x2, w, transpose_b=True)  # (N, O)
-        if b is not None:
-            out = be.binary("add", out, b)
+        self.w, self.activation = w, activation
+        out, self.pre = be.linear(self.x2, w, b, activation)  # (N, O), pre-activation (N, O) or None
         return be.reshape(out, self.x_shape[:-1] + (w.shape[0],))
 
     def backward(self, g):
         be = self.be
         g2 = be.reshape(g, (-1, g.shape[-1]))  # (N, O)
-        gx = gw = gb = None
-        if self.needs_input_grad[0]:
-            gx = be.reshape(be.matmul(g2, self.w), self.x_shape)  # (N, O) @ (O, I)
-        if self.needs_input_grad[1]:
-            gw = be.matmul(g2, self.x2, transpose_a=True)  # (O, N) @ (N, I)
-        if len(self.needs_input_grad) > 2 and self.needs_input_grad[2]:
-            gb = be.sum(g2, (0,), False)
+        need = tuple(self.needs_input_grad) + (False,) * (3 - len(self.needs_input_grad))
+        gx, gw, gb = be.linear_backward(g2, self.x2, self.w, self.pre, self.activation, need)
+        if gx is not None:
+            gx = be.reshape(gx, self.x_shape)
         return (gx, gw, gb)[: len(self.parents)]

@@ -1,0 +1,110 @@
+"""The Linear layer's fused GEMM epilogues (bias, GELU with the pre-activation kept, bias gradient
+from the weight gradient's GEMM) against the unfused ops, forward and backward, float32 and bf16.
+
+float32 runs with TF32 off and is compared with the CPU backend's unfused reference at rtol 1e-4 and
+an atol of 2e-6 of the largest value (dw and db sum hundreds of rows, in another order than numpy); bf16 is compared with float32 on bf16-rounded inputs at 2e-2 of the largest value."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import engine
+from engine.backends import cpu
+from engine.backends import cuda as gpu
+from engine.backends.cuda import _C, _CODE
+
+BF = engine.bfloat16
+rng = np.random.default_rng(0)
+
+# (N, I, O): rows, in features, out features; O % 8 == 0 so cuBLASLt's GELU epilogue applies
+SHAPES = [(64, 32, 48), (300, 96, 128), (1, 16, 8)]
+
+
+def _inputs(N, I, O):
+    x = rng.standard_normal((N, I)).astype(np.float32)
+    w = (rng.standard_normal((O, I)) / np.sqrt(I)).astype(np.float32)
+    b = rng.standard_normal(O).astype(np.float32)
+    g = rng.standard_normal((N, O)).astype(np.float32)
+    return x, w, b, g
+
+
+def _unfused_reference(x, w, b, g, activation):
+    """The CPU backend's ops one by one: matmul, add, gelu; gelu_backward, matmuls, column sum."""
+    pre = cpu.matmul(x, w, transpose_b=True)
+    if b is not None:
+        pre = cpu.binary("add", pre, b)
+    out = cpu.unary("gelu", pre) if activation else pre
+    gp = cpu.gelu_backward(pre, g) if activation else g
+    return out, pre, cpu.matmul(gp, w), cpu.matmul(gp, x, transpose_a=True), gp.sum(0)
+
+
+def _dev(*arrays):
+    return [gpu.from_numpy(a) if a is not None else None for a in arrays]
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_linear_float32_matches_unfused(shape, bias, activation, no_tf32):
+    x, w, b, g = _inputs(*shape)
+    b = b if bias else None
+    want_out, want_pre, want_dx, want_dw, want_db = _unfused_reference(x, w, b, g, activation)
+    xd, wd, bd, gd = _dev(x, w, b, g)
+    out, pre = gpu.linear(xd, wd, bd, activation)
+
+    def close(got, want, what):
+        np.testing.assert_allclose(gpu.to_numpy(got), want, rtol=1e-4, atol=2e-6 * np.max(np.abs(want)), err_msg=what)
+
+    close(out, want_out, "forward")
+    if activation:
+        close(pre, want_pre, "pre-activation")
+    dx, dw, db = gpu.linear_backward(gd, xd, wd, pre, activation, (True, True, bias))
+    close(dx, want_dx, "dx")
+    close(dw, want_dw, "dw")
+    if bias:
+        close(db, want_db, "db")
+    else:
+        assert db is None
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_linear_bf16_matches_float32(activation):
+    x, w, b, g = _inputs(256, 64, 192)
+    xb, wb, bb, gb = (gpu.astype(a, BF) for a in _dev(x, w, b, g))
+    xr, wr, br, gr = (gpu.to_numpy(gpu.astype(a, engine.float32)) for a in (xb, wb, bb, gb))
+    want = _unfused_reference(xr, wr, br, gr, activation)
+    out, pre = gpu.linear(xb, wb, bb, activation)
+    dx, dw, db = gpu.linear_backward(gb, xb, wb, pre, activation, (True, True, True))
+    assert out.dtype is BF and dx.dtype is BF and dw.dtype is BF and db.dtype is BF
+    for got, ref, what in zip((out, dx, dw, db), (want[0], want[2], want[3], want[4]), ("out", "dx", "dw", "db")):
+        got = gpu.to_numpy(gpu.astype(got, engine.float32))
+        err = np.max(np.abs(got - ref)) / max(1e-6, np.max(np.abs(ref)))
+        assert err < 2e-2, f"{what}: max error {err:.2e} of the largest value"
+
+
+@pytest.mark.parametrize("dtype", [engine.float32, BF])
+def test_epilogues_are_offered_for_gpt_shapes(dtype):
+    """cuBLASLt runs each epilogue fused at a GPT's shapes (else linear() would silently fall back)."""
+    N, I, O = 512, 384, 1536
+    x, w = gpu.full((N, I), 0.5, dtype), gpu.full((O, I), 0.25, dtype)
+    out, pre, bias, g = (gpu.full(s, 0.0, dtype) for s in ((N, O), (N, O), (O,), (N, O)))
+    dev, code = x.device, _CODE[dtype]
+    for epi in (1, 2, 4):  # bias, gelu + bias, gelu
+        assert _C.matmul_epilogue(dev, code, epi, out.ptr, x.ptr, w.ptr, N, O, I, False, True, bias.ptr, pre.ptr), epi
+    dw = gpu.full((O, I), 0.0, dtype)
+    assert _C.matmul_epilogue(dev, code, 3, dw.ptr, g.ptr, x.ptr, O, I, N, True, False, bias.ptr, 0)
+
+
+def test_linear_gelu_through_autograd_matches_composite(no_tf32):
+    """F.linear(activation="gelu") and gelu(linear()) give the same loss and gradients on the GPU."""
+    import engine.nn.functional as F
+
+    x, w, b, _ = _inputs(96, 32, 64)
+    grads = []
+    for fused in (True, False):
+        xs = [engine.tensor(a, device="cuda", requires_grad=True) for a in (x, w, b)]
+        y = F.linear(*xs, activation="gelu") if fused else F.gelu(F.linear(*xs))
+        (y * y).sum().backward()
+        grads.append([t.grad.numpy() for t in xs])
+    for got, want in zip(*grads):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
