@@ -45,9 +45,75 @@ __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict_
     }
 }
 
-// dout (N, C) -> dx (N, C); per-block partial dw, db (gridDim.x, C) accumulated in shared memory
-template <typename T>
+// dout (N, C) -> dx (N, C); per-block partial dw, db (gridDim.x, C). One warp per row; lane l owns
+// columns l, l + 32, ... (at most CPL of them, C <= 32 CPL): the row's values and the lane's share of
+// dw and db stay in registers across all the rows the warp visits, and each warp adds its shares to
+// the block's shared-memory sums once at the end (not an atomic per element).
+template <typename T, int CPL>
 __global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
+                                          float* __restrict__ db_part, const T* __restrict__ dout,
+                                          const T* __restrict__ x, const float* __restrict__ w,
+                                          const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N,
+                                          int C) {
+    extern __shared__ float smem[];  // dw (C), db (C)
+    float* sdw = smem;
+    float* sdb = smem + C;
+    const bool need_w = dw_part != nullptr;
+    if (need_w)
+        for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) smem[c] = 0.f;
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    float acc_dw[CPL], acc_db[CPL], wc[CPL];
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        int c = lane + 32 * i;
+        acc_dw[i] = acc_db[i] = 0.f;
+        wc[i] = c < C ? (w ? w[c] : 1.f) : 0.f;
+    }
+    for (int64_t row = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += (int64_t)gridDim.x * warps) {
+        const T* g = dout + row * C;
+        const T* xr = x + row * C;
+        const float m = mean[row], r = rstd[row];
+        float gv[CPL], xh[CPL];
+        float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) {
+            int c = lane + 32 * i;
+            gv[i] = c < C ? ldf(g, c) : 0.f;
+            xh[i] = c < C ? (ldf(xr, c) - m) * r : 0.f;
+            float gw = gv[i] * wc[i];
+            sum_g += gw;
+            sum_gx += gw * xh[i];
+        }
+        const float mean_g = warp_sum(sum_g) / C, mean_gx = warp_sum(sum_gx) / C;
+        T* d = dx + row * C;
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) {
+            int c = lane + 32 * i;
+            if (c < C) stf(d, c, (gv[i] * wc[i] - mean_g - xh[i] * mean_gx) * r);
+            acc_dw[i] += gv[i] * xh[i];
+            acc_db[i] += gv[i];
+        }
+    }
+    if (!need_w) return;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        int c = lane + 32 * i;
+        if (c < C) {
+            atomicAdd(&sdw[c], acc_dw[i]);
+            atomicAdd(&sdb[c], acc_db[i]);
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        dw_part[(int64_t)blockIdx.x * C + c] = sdw[c];
+        db_part[(int64_t)blockIdx.x * C + c] = sdb[c];
+    }
+}
+
+// The same for any C (rows wider than 2048): an atomic per element into the block's shared sums
+template <typename T>
+__global__ void layernorm_backward_wide_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
                                           float* __restrict__ db_part, const T* __restrict__ dout,
                                           const T* __restrict__ x, const float* __restrict__ w,
                                           const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N,
@@ -126,19 +192,28 @@ void layernorm_backward_typed(int device, T* dx, float* dw, float* db, const T* 
         if (db) fill(device, F32, db, 0.0, C);
         return;
     }
-    int warps = 8;
-    int blocks = (int)std::min<int64_t>(ceil_div(N, warps), 264);
+    int warps = 4;
+    int blocks = (int)std::min<int64_t>(ceil_div(N, warps), 132 * 4);
     std::size_t smem = need_w ? 2 * C * sizeof(float) : 0;
-    if (smem > 48 * 1024) {
-        check(cudaFuncSetAttribute(layernorm_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-              "layer_norm_backward");
-    }
     float* part = nullptr;
     std::size_t block = 0;
     if (need_w) part = (float*)device_alloc(2 * sizeof(float) * blocks * C, device, &block);
-    layernorm_backward_kernel<T><<<blocks, warps * 32, smem, st>>>(dx, need_w ? part : nullptr,
-                                                                  need_w ? part + blocks * C : nullptr, dout, x, w,
-                                                                  mean, rstd, N, (int)C);
+    float* dw_part = need_w ? part : nullptr;
+    float* db_part = need_w ? part + blocks * C : nullptr;
+    auto launch = [&](auto kernel) {
+        if (smem > 48 * 1024)
+            check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                  "layer_norm_backward");
+        kernel<<<blocks, warps * 32, smem, st>>>(dx, dw_part, db_part, dout, x, w, mean, rstd, N, (int)C);
+    };
+    // columns per lane: registers sized for C (up to 1024; wider rows take the atomic kernel)
+    if (C <= 128) launch(layernorm_backward_kernel<T, 4>);
+    else if (C <= 256) launch(layernorm_backward_kernel<T, 8>);
+    else if (C <= 384) launch(layernorm_backward_kernel<T, 12>);
+    else if (C <= 512) launch(layernorm_backward_kernel<T, 16>);
+    else if (C <= 768) launch(layernorm_backward_kernel<T, 24>);
+    else if (C <= 1024) launch(layernorm_backward_kernel<T, 32>);
+    else launch(layernorm_backward_wide_kernel<T>);
     if (need_w) {
         unsigned int g = (unsigned int)ceil_div(C, 256);
         if (dw) sum_parts_kernel<<<g, 256, 0, st>>>(dw, part, blocks, (int)C);

@@ -77,15 +77,57 @@ __global__ void softmax_backward_kernel(float* __restrict__ dx, const float* __r
 __device__ __forceinline__ float ldf(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float ldf(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
 
-// logits (N, V), targets (N,) -> losses (N,) (0 where ignored), lse (N,); logits float or bf16
-template <typename T>
+// 16 bytes of logits as floats (8 bf16 or 4 float32)
+template <typename T> constexpr int kVec = 16 / (int)sizeof(T);
+__device__ __forceinline__ void unpack(float (&f)[4], uint4 u) {
+    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ void unpack(float (&f)[8], uint4 u) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+__device__ __forceinline__ uint4 pack(const float (&f)[4]) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+}
+__device__ __forceinline__ uint4 pack(const float (&f)[8]) {
+    uint4 u;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return u;
+}
+
+// logits (N, V), targets (N,) -> losses (N,) (0 where ignored), lse (N,); logits float or bf16.
+// VEC: V % kVec == 0 and rows 16-byte aligned, so each thread reads 16 bytes at a time.
+template <typename T, bool VEC>
 __global__ void cross_entropy_forward_kernel(float* __restrict__ losses, float* __restrict__ lse,
                                              const T* __restrict__ logits, const int64_t* __restrict__ targets,
                                              int64_t V, int64_t ignore_index) {
     int64_t row = blockIdx.x;
     const T* xr = logits + row * V;
     MaxSum ms{-INFINITY, 0.f};
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) ms = add_value(ms, ldf(xr, j));
+    if constexpr (VEC) {
+        constexpr int W = kVec<T>;
+        const uint4* xv = reinterpret_cast<const uint4*>(xr);
+        for (int64_t c = threadIdx.x; c < V / W; c += blockDim.x) {
+            float f[W];
+            unpack(f, xv[c]);
+            float m = f[0];
+#pragma unroll
+            for (int i = 1; i < W; ++i) m = fmaxf(m, f[i]);
+            if (m == -INFINITY) continue;
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < W; ++i) sum += __expf(f[i] - m);
+            ms = merge(ms, MaxSum{m, sum});
+        }
+    } else {
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) ms = add_value(ms, ldf(xr, j));
+    }
     ms = blockDim.x == 32 ? warp_merge(ms) : block_merge(ms);
     if (threadIdx.x == 0) {
         float l = ms.m + logf(ms.s);
@@ -100,7 +142,7 @@ __global__ void cross_entropy_forward_kernel(float* __restrict__ losses, float* 
 // dlogits (N, V) = (exp(logits - lse) - onehot(target)) * g[row]; 0 on ignored rows. dlogits may
 // be logits itself (each element is read, then written, by the same thread): the classifier's
 // gradient then takes the logits' memory instead of a second (N, V) buffer.
-template <typename T>
+template <typename T, bool VEC>
 __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const int64_t* __restrict__ targets,
                                               const float* __restrict__ lse, const float* __restrict__ g, int64_t V,
                                               int64_t ignore_index) {
@@ -110,9 +152,22 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
     int64_t t = targets[row];
     float gr = t == ignore_index ? 0.f : g[row];
     float l = lse[row];
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-        float p = expf(ldf(xr, j) - l);
-        d[j] = (T)((p - (j == t ? 1.f : 0.f)) * gr);
+    if constexpr (VEC) {
+        constexpr int W = kVec<T>;
+        const uint4* xv = reinterpret_cast<const uint4*>(xr);
+        uint4* dv = reinterpret_cast<uint4*>(d);
+        for (int64_t c = threadIdx.x; c < V / W; c += blockDim.x) {
+            float f[W];
+            unpack(f, xv[c]);
+#pragma unroll
+            for (int i = 0; i < W; ++i) f[i] = (expf(f[i] - l) - (c * W + i == t ? 1.f : 0.f)) * gr;
+            dv[c] = pack(f);
+        }
+    } else {
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+            float p = expf(ldf(xr, j) - l);
+            d[j] = (T)((p - (j == t ? 1.f : 0.f)) * gr);
+        }
     }
 }
 
@@ -121,6 +176,44 @@ int threads_for(int64_t L) {
     if (L <= 2048) return 128;
     return 512;
 }
+
+// whether rows of V elements of T can be read 16 bytes at a time
+template <typename T>
+bool vectorizable(const void* p, const void* q, int64_t V) {
+    auto a = reinterpret_cast<std::uintptr_t>(p) | reinterpret_cast<std::uintptr_t>(q);
+    return V % kVec<T> == 0 && a % 16 == 0;
+}
+
+template <typename T>
+void ce_forward(int device, float* losses, float* lse, const T* logits, const int64_t* targets, int64_t N, int64_t V,
+                int64_t ignore_index) {
+    if (N == 0) return;
+    use_device(device);
+    cudaStream_t st = stream(device);
+    if (vectorizable<T>(logits, logits, V))
+        cross_entropy_forward_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(losses, lse, logits, targets, V,
+                                                                                     ignore_index);
+    else
+        cross_entropy_forward_kernel<T, false><<<(unsigned)N, threads_for(V), 0, st>>>(losses, lse, logits, targets, V,
+                                                                                      ignore_index);
+    check_launch("cross_entropy");
+}
+
+template <typename T>
+void ce_backward(int device, T* dlogits, const T* logits, const int64_t* targets, const float* lse, const float* g,
+                 int64_t N, int64_t V, int64_t ignore_index) {
+    if (N == 0) return;
+    use_device(device);
+    cudaStream_t st = stream(device);
+    if (vectorizable<T>(logits, dlogits, V))
+        cross_entropy_backward_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(dlogits, logits, targets, lse, g,
+                                                                                      V, ignore_index);
+    else
+        cross_entropy_backward_kernel<T, false><<<(unsigned)N, threads_for(V), 0, st>>>(dlogits, logits, targets, lse,
+                                                                                       g, V, ignore_index);
+    check_launch("cross_entropy_backward");
+}
+
 
 }  // namespace
 
@@ -140,45 +233,28 @@ void softmax_backward(int device, float* dx, const float* y, const float* g, int
 
 void cross_entropy_forward(int device, float* losses, float* lse, const float* logits, const int64_t* targets,
                            int64_t N, int64_t V, int64_t ignore_index) {
-    if (N == 0) return;
-    use_device(device);
-    cross_entropy_forward_kernel<float><<<(unsigned)N, threads_for(V), 0, stream(device)>>>(losses, lse, logits,
-                                                                                            targets, V, ignore_index);
-    check_launch("cross_entropy");
+    ce_forward<float>(device, losses, lse, logits, targets, N, V, ignore_index);
 }
 
 void cross_entropy_backward(int device, float* dlogits, const float* logits, const int64_t* targets, const float* lse,
                             const float* g, int64_t N, int64_t V, int64_t ignore_index) {
-    if (N == 0) return;
-    use_device(device);
-    cross_entropy_backward_kernel<float><<<(unsigned)N, threads_for(V), 0, stream(device)>>>(dlogits, logits, targets,
-                                                                                             lse, g, V, ignore_index);
-    check_launch("cross_entropy_backward");
+    ce_backward<float>(device, dlogits, logits, targets, lse, g, N, V, ignore_index);
 }
 
 void cross_entropy_forward_dt(int device, int dtype, float* losses, float* lse, const void* logits,
                               const int64_t* targets, int64_t N, int64_t V, int64_t ignore_index) {
-    if (dtype == F32) return cross_entropy_forward(device, losses, lse, (const float*)logits, targets, N, V, ignore_index);
+    if (dtype == F32) return ce_forward<float>(device, losses, lse, (const float*)logits, targets, N, V, ignore_index);
     if (dtype != BF16) unsupported("cross_entropy", dtype);
-    if (N == 0) return;
-    use_device(device);
-    cross_entropy_forward_kernel<__nv_bfloat16><<<(unsigned)N, threads_for(V), 0, stream(device)>>>(
-        losses, lse, (const __nv_bfloat16*)logits, targets, V, ignore_index);
-    check_launch("cross_entropy");
+    ce_forward<__nv_bfloat16>(device, losses, lse, (const __nv_bfloat16*)logits, targets, N, V, ignore_index);
 }
 
 void cross_entropy_backward_dt(int device, int dtype, void* dlogits, const void* logits, const int64_t* targets,
                                const float* lse, const float* g, int64_t N, int64_t V, int64_t ignore_index) {
-    if (dtype != F32 && dtype != BF16) unsupported("cross_entropy_backward", dtype);
-    if (N == 0) return;
-    use_device(device);
     if (dtype == F32)
-        cross_entropy_backward_kernel<float><<<(unsigned)N, threads_for(V), 0, stream(device)>>>(
-            (float*)dlogits, (const float*)logits, targets, lse, g, V, ignore_index);
-    else
-        cross_entropy_backward_kernel<__nv_bfloat16><<<(unsigned)N, threads_for(V), 0, stream(device)>>>(
-            (__nv_bfloat16*)dlogits, (const __nv_bfloat16*)logits, targets, lse, g, V, ignore_index);
-    check_launch("cross_entropy_backward");
+        return ce_backward<float>(device, (float*)dlogits, (const float*)logits, targets, lse, g, N, V, ignore_index);
+    if (dtype != BF16) unsupported("cross_entropy_backward", dtype);
+    ce_backward<__nv_bfloat16>(device, (__nv_bfloat16*)dlogits, (const __nv_bfloat16*)logits, targets, lse, g, N, V,
+                               ignore_index);
 }
 
 }  // namespace engine

@@ -283,7 +283,7 @@ def test_matmul_float64_and_tf32():
 
 # ---- normalisation, softmax, losses -----------------------------------------------------------
 
-@pytest.mark.parametrize("shape", [(4, 6), (64, 768), (3, 5, 384), (2, 1000)])
+@pytest.mark.parametrize("shape", [(4, 6), (64, 768), (3, 5, 384), (2, 1000), (600, 200), (9, 1600)])  # 1600: the wide kernel
 @pytest.mark.parametrize("affine", ["both", "weight", "none"])
 def test_layer_norm(shape, affine):
     C = shape[-1]
