@@ -6,13 +6,22 @@
 // shared memory in the input type (bf16 -> bf16 MMA; float32 -> TF32 MMA, or 3 TF32 MMAs of the
 // split hi/lo halves when `precise`), accumulators are float32. Head dims are padded to DP (32, 64
 // or 128) with zeros in shared memory, so any D % 8 == 0 up to 128 works.
+//
+// Dropout on the probabilities (template flag DROPOUT, so the kernels without it are unchanged):
+// element (bh, query, key) is kept with its Philox bits (keep8 below) and scaled by Z = 1 / (1 - p).
+// The forward sums the undropped P into the softmax denominator (lse as without dropout) and
+// accumulates (P Z) V; the backward uses dV += (P Z)^T dO, dP = (dO V^T) Z, dS = P (dP - delta).
 #include <mma.h>
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "common.cuh"
+#include "attention_mma.h"
 #include "fused.h"
+#include "graph.h"
+#include "philox.cuh"
 
 namespace engine {
 namespace {
@@ -104,6 +113,56 @@ __device__ __forceinline__ void load_tile(T* __restrict__ dst, int ld, const T* 
 
 __host__ __device__ constexpr int align128(int bytes) { return (bytes + 127) / 128 * 128; }
 
+// ---- dropout --------------------------------------------------------------------------------------
+
+constexpr uint32_t kAttnStream = 0xA77Eu;  // counter word 3: apart from random.cu's streams
+
+// keep iff a 16-bit Philox lane >= threshold; a kept probability is multiplied by scale
+struct DropoutRule {
+    uint32_t threshold;  // round(p * 65536), at most 65535
+    float scale;         // 1 / (1 - p)
+};
+
+// Bit j: keep key 8 * k8 + j of query qi in head bh (bh = b * H + h). One Philox call, counter
+// (k8, qi, bh, stream), gives 8 16-bit lanes: lane 2w is the low half of word w, 2w + 1 the high
+// half. The one rule of the forward, the backward and the mask kernel (numpy twin:
+// engine/backends/philox.py, attention_keep), so all of them agree by construction.
+__device__ __forceinline__ uint32_t keep8(uint2 key, uint32_t bh, uint32_t qi, uint32_t k8, uint32_t threshold) {
+    uint4 r = philox4x32_10(make_uint4(k8, qi, bh, kAttnStream), key);
+    uint32_t w[4] = {r.x, r.y, r.z, r.w};
+    uint32_t bits = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        bits |= (uint32_t)((w[i] & 0xFFFFu) >= threshold) << (2 * i);
+        bits |= (uint32_t)((w[i] >> 16) >= threshold) << (2 * i + 1);
+    }
+    return bits;
+}
+
+// out (BH, T, S) float32 = Z: 0 where dropped, rule.scale where kept. One thread per (bh, query, 8
+// keys). The key is *key_buf (what a forward wrote) or, when key_buf is null, the seed itself.
+__global__ void attention_dropout_mask_kernel(float* __restrict__ out, int64_t BH, int Tq, int S, DropoutRule rule,
+                                              uint64_t seed, const uint64_t* __restrict__ key_buf) {
+    uint2 key = philox_key(key_buf != nullptr ? *key_buf : seed);
+    int S8 = (S + 7) / 8;
+    int64_t n = BH * Tq * S8;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int k8 = (int)(i % S8);
+        int64_t row = i / S8;  // bh * Tq + qi
+        uint32_t keep = keep8(key, (uint32_t)(row / Tq), (uint32_t)(row % Tq), (uint32_t)k8, rule.threshold);
+        float* o = out + row * S + k8 * 8;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (k8 * 8 + j < S) o[j] = (keep >> j) & 1u ? rule.scale : 0.f;
+    }
+}
+
+// *key_out = the draw key of `seed` (mixed with the graph epoch while capturing): what a fused
+// forward writes, for the unfused path (engine/backends/cuda.py) that materialises the mask
+__global__ void attention_rng_key_kernel(uint64_t* key_out, uint64_t seed, const uint64_t* epoch) {
+    *key_out = draw_key(seed, epoch);
+}
+
 // ---- forward --------------------------------------------------------------------------------------
 
 template <typename T, int DP>
@@ -119,11 +178,13 @@ struct FwdSmem {
 };
 
 // q (B, H, T, D), k, v (B, H, S, D) -> o (B, H, T, D), lse (B*H, T). grid (ceil(T / BR), B * H)
-template <typename T, int DP, bool PRECISE>
+// DROPOUT: the key is draw_key(seed, epoch); block (0, 0) writes it to *key_out for the backward.
+template <typename T, int DP, bool PRECISE, bool DROPOUT>
 __global__ void __launch_bounds__(kThreads) attention_forward_kernel(
     T* __restrict__ o, float* __restrict__ lse, const T* __restrict__ q, const T* __restrict__ k,
     const T* __restrict__ v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int H, int Tq, int S, int D,
-    bool causal, float scale) {
+    bool causal, float scale, DropoutRule rule, uint64_t seed, const uint64_t* __restrict__ epoch,
+    uint64_t* __restrict__ key_out) {
     using SM = FwdSmem<T, DP>;
     extern __shared__ __align__(128) unsigned char smem[];
     T* sQ = reinterpret_cast<T*>(smem + SM::q);
@@ -152,6 +213,12 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(
     int qi = q0 + warp * 16 + r;
     float m = -INFINITY, l = 0.f;
     const float scale2 = scale * kLog2e;
+    uint2 dkey = make_uint2(0u, 0u);
+    if constexpr (DROPOUT) {
+        uint64_t key = draw_key(seed, epoch);
+        if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *key_out = key;
+        dkey = philox_key(key);
+    }
 
     for (int t = 0; t < ntiles; ++t) {
         int k0 = t * BC;
@@ -181,6 +248,13 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(
             mx = fmaxf(mx, s);
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        uint32_t keep = 0;  // bit c: keep key key0 + c (4 Philox calls for the lane's 32 keys)
+        if constexpr (DROPOUT) {
+#pragma unroll
+            for (int g = 0; g < 4; ++g)
+                if (qi < Tq && key0 + 8 * g < limit)
+                    keep |= keep8(dkey, bh, qi, key0 / 8 + g, rule.threshold) << (8 * g);
+        }
         float m_new = fmaxf(m, mx);
         float alpha = m_new == -INFINITY ? 1.f : exp2f(m - m_new);
         float sum = 0.f;
@@ -189,7 +263,9 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(
         for (int c = 0; c < 32; ++c) {
             float s = srow[c];
             float p = s == -INFINITY ? 0.f : exp2f(s - m_new);
-            prow[c] = (T)p;
+            float pz = p;  // P Z goes into the P V product; the denominator sums the undropped P
+            if constexpr (DROPOUT) pz = (keep >> c) & 1u ? p * rule.scale : 0.f;
+            prow[c] = (T)pz;
             sum += p;
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -220,37 +296,69 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(
 
 // ---- backward -------------------------------------------------------------------------------------
 
-// delta (B*H, T) = rowsum(dout * o); dq_acc (B*H, T, D) = 0. One warp per row.
+// 8 consecutive elements (16-byte aligned) as floats, and back
+__device__ __forceinline__ void load8(float (&f)[8], const float* p) {
+    float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+__device__ __forceinline__ void load8(float (&f)[8], const __nv_bfloat16* p) {
+    uint4 u = *reinterpret_cast<const uint4*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+__device__ __forceinline__ void store8(float* p, const float (&f)[8]) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+}
+__device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&f)[8]) {
+    uint4 u;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p) = u;
+}
+
+// delta (B*H, T) = rowsum(dout * o). One thread per row, 16-byte loads (D % 8 == 0)
 template <typename T>
-__global__ void attention_backward_prep_kernel(float* __restrict__ delta, float* __restrict__ dq_acc,
-                                               const T* __restrict__ dout, const T* __restrict__ o, AttnLayout lo,
-                                               int H, int Tq, int D, int64_t rows) {
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
+__global__ void attention_backward_prep_kernel(float* __restrict__ delta, const T* __restrict__ dout,
+                                               const T* __restrict__ o, AttnLayout lo, int H, int Tq, int D,
+                                               int64_t rows) {
+    int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (row >= rows) return;
     int64_t bh = row / Tq;
     int t = (int)(row % Tq);
-    int64_t b = bh / H, h = bh % H;
-    int64_t base = b * lo.sb + h * lo.sh + (int64_t)t * lo.st;
+    int64_t base = (bh / H) * lo.sb + (bh % H) * lo.sh + (int64_t)t * lo.st;
     float s = 0.f;
-    for (int c = lane; c < D; c += 32) s += (float)dout[base + c] * (float)o[base + c];
-    s = warp_sum(s);
-    if (lane == 0) delta[row] = s;
-    float* dq = dq_acc + row * D;
-    for (int c = lane; c < D; c += 32) dq[c] = 0.f;
+    for (int c = 0; c < D; c += 8) {
+        float a[8], b[8];
+        load8(a, dout + base + c);
+        load8(b, o + base + c);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) s += a[i] * b[i];
+    }
+    delta[row] = s;
 }
 
-// dq (layout lq, type T) = dq_acc (B*H, T, D) * scale
+// dq (layout lq, type T) = dq_acc (B*H, T, D) * scale; a thread converts 8 consecutive elements
 template <typename T>
 __global__ void attention_dq_kernel(T* __restrict__ dq, const float* __restrict__ dq_acc, AttnLayout lq, int H,
-                                    int Tq, int D, float scale, int64_t n) {
+                                    int Tq, int D, float scale, int64_t n8) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        int64_t row = i / D;
-        int c = (int)(i % D);
+    const int per_row = D / 8;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n8; i += stride) {
+        int64_t row = i / per_row;
+        int c = (int)(i % per_row) * 8;
         int64_t bh = row / Tq;
         int t = (int)(row % Tq);
-        dq[(bh / H) * lq.sb + (bh % H) * lq.sh + (int64_t)t * lq.st + c] = (T)(dq_acc[i] * scale);
+        float f[8];
+        load8(f, dq_acc + row * D + c);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] *= scale;
+        store8(dq + (bh / H) * lq.sb + (bh % H) * lq.sh + (int64_t)t * lq.st + c, f);
     }
 }
 
@@ -272,12 +380,14 @@ struct BwdSmem {
 
 // grid (ceil(S / BC), B * H): a block owns 64 keys, walks the query tiles that see them, keeps dK and
 // dV in registers and adds its share of dQ to dq_acc with atomics.
-template <typename T, int DP, bool PRECISE>
+// DROPOUT: the key is *key, what the forward wrote (never recomputed from the graph epoch: the
+// backward may be captured and replayed as a graph of its own).
+template <typename T, int DP, bool PRECISE, bool DROPOUT>
 __global__ void __launch_bounds__(kThreads) attention_backward_kernel(
     T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dq_acc, const T* __restrict__ dout,
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ lse,
     const float* __restrict__ delta, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int H, int Tq, int S,
-    int D, bool causal, float scale) {
+    int D, bool causal, float scale, DropoutRule rule, const uint64_t* __restrict__ key) {
     using SM = BwdSmem<T, DP>;
     extern __shared__ __align__(128) unsigned char smem[];
     T* sK = reinterpret_cast<T*>(smem + SM::k);
@@ -312,6 +422,8 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(
     const float* lse_bh = lse + (int64_t)bh * Tq;
     const float* delta_bh = delta + (int64_t)bh * Tq;
     float* dq_bh = dq_acc + (int64_t)bh * Tq * D;
+    uint2 dkey = make_uint2(0u, 0u);
+    if constexpr (DROPOUT) dkey = philox_key(*key);
 
     for (int i0 = i_begin; i0 < Tq; i0 += BR) {
         __syncthreads();  // previous query tile fully used
@@ -339,18 +451,45 @@ __global__ void __launch_bounds__(kThreads) attention_backward_kernel(
         }
         __syncwarp();
         // P = exp(S scale - lse), dS = P (dP - delta); lanes own query columns lane and lane + 32
+        if constexpr (!DROPOUT) {
 #pragma unroll 4
-        for (int r = 0; r < 16; ++r) {
-            int key = k0 + warp * 16 + r;
+            for (int r = 0; r < 16; ++r) {
+                int key = k0 + warp * 16 + r;
+#pragma unroll
+                for (int cc = 0; cc < 2; ++cc) {
+                    int c = lane + cc * 32;
+                    int qi = i0 + c;
+                    bool visible = key < S && qi < Tq && (!causal || key <= qi + off);
+                    float p = visible ? exp2f(sS[r * kLdS + c] * scale2 - sLse[c]) : 0.f;
+                    float ds = p * (sdP[r * kLdS + c] - sDelta[c]);
+                    sPT[(warp * 16 + r) * SM::ldP + c] = (T)p;
+                    sdST[(warp * 16 + r) * SM::ldP + c] = (T)ds;
+                }
+            }
+        } else {
+            // with Z: dV takes P Z, dP = (dO V^T) Z, dS = P (dP - delta). The warp's 16 keys are two
+            // groups of 8: one Philox call per (query column, group) serves 8 keys
 #pragma unroll
             for (int cc = 0; cc < 2; ++cc) {
                 int c = lane + cc * 32;
                 int qi = i0 + c;
-                bool visible = key < S && qi < Tq && (!causal || key <= qi + off);
-                float p = visible ? exp2f(sS[r * kLdS + c] * scale2 - sLse[c]) : 0.f;
-                float ds = p * (sdP[r * kLdS + c] - sDelta[c]);
-                sPT[(warp * 16 + r) * SM::ldP + c] = (T)p;
-                sdST[(warp * 16 + r) * SM::ldP + c] = (T)ds;
+#pragma unroll
+                for (int g = 0; g < 2; ++g) {
+                    int kg = k0 + warp * 16 + g * 8;  // first key of the group
+                    uint32_t keep = 0;
+                    if (qi < Tq && kg < S && (!causal || kg <= qi + off))
+                        keep = keep8(dkey, bh, qi, kg / 8, rule.threshold);
+#pragma unroll 4
+                    for (int j = 0; j < 8; ++j) {
+                        int r = g * 8 + j, key = kg + j;
+                        bool visible = key < S && qi < Tq && (!causal || key <= qi + off);
+                        float p = visible ? exp2f(sS[r * kLdS + c] * scale2 - sLse[c]) : 0.f;
+                        float z = (keep >> j) & 1u ? rule.scale : 0.f;
+                        float ds = p * (sdP[r * kLdS + c] * z - sDelta[c]);
+                        sPT[(warp * 16 + r) * SM::ldP + c] = (T)(p * z);
+                        sdST[(warp * 16 + r) * SM::ldP + c] = (T)ds;
+                    }
+                }
             }
         }
         __syncwarp();
@@ -414,36 +553,51 @@ void set_smem(KernelT kernel, int bytes, const char* op) {
     if (bytes > 48 * 1024) check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), op);
 }
 
-template <typename T, int DP, bool PRECISE>
+template <typename T, int DP, bool PRECISE, bool DROPOUT>
 void forward_typed(int device, void* o, float* lse, const void* q, const void* k, const void* v, AttnLayout lq,
                    AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T_, int S, int D, bool causal,
-                   float scale) {
-    auto kernel = attention_forward_kernel<T, DP, PRECISE>;
+                   float scale, DropoutRule rule, uint64_t seed, uint64_t* key_out) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16> && !DROPOUT) {  // the mma.sync fast path (attention_mma.cu)
+        if (attention_forward_mma(stream(device), o, lse, q, k, v, lq, lk, lv, lo, B, H, T_, S, D, causal, scale))
+            return;
+    }
+    auto kernel = attention_forward_kernel<T, DP, PRECISE, DROPOUT>;
     int bytes = FwdSmem<T, DP>::bytes;
     set_smem(kernel, bytes, "attention");
     dim3 grid((unsigned)ceil_div(T_, BR), (unsigned)(B * H));
+    const uint64_t* epoch = DROPOUT ? capture_rng_epoch(device) : nullptr;
     kernel<<<grid, kThreads, bytes, stream(device)>>>((T*)o, lse, (const T*)q, (const T*)k, (const T*)v, lq, lk, lv,
-                                                      lo, H, T_, S, D, causal, scale);
+                                                      lo, H, T_, S, D, causal, scale, rule, seed, epoch, key_out);
 }
 
-template <typename T, int DP, bool PRECISE>
+template <typename T, int DP, bool PRECISE, bool DROPOUT>
 void backward_typed(int device, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                     const void* v, const void* o, const float* lse, AttnLayout lq, AttnLayout lk, AttnLayout lv,
-                    AttnLayout lo, int B, int H, int T_, int S, int D, bool causal, float scale) {
+                    AttnLayout lo, int B, int H, int T_, int S, int D, bool causal, float scale, DropoutRule rule,
+                    const uint64_t* key) {
     cudaStream_t st = stream(device);
     int64_t rows = (int64_t)B * H * T_;
     std::size_t delta_block = 0, acc_block = 0;
     float* delta = (float*)device_alloc(sizeof(float) * std::max<int64_t>(rows, 1), device, &delta_block);
     float* dq_acc = (float*)device_alloc(sizeof(float) * std::max<int64_t>(rows * D, 1), device, &acc_block);
-    attention_backward_prep_kernel<T><<<(unsigned)ceil_div(rows, 8), 256, 0, st>>>(delta, dq_acc, (const T*)dout,
-                                                                                   (const T*)o, lo, H, T_, D, rows);
-    auto kernel = attention_backward_kernel<T, DP, PRECISE>;
-    int bytes = BwdSmem<T, DP>::bytes;
-    set_smem(kernel, bytes, "attention_backward");
-    dim3 grid((unsigned)ceil_div(S, BC), (unsigned)(B * H));
-    kernel<<<grid, kThreads, bytes, st>>>((T*)dk, (T*)dv, dq_acc, (const T*)dout, (const T*)q, (const T*)k,
-                                          (const T*)v, lse, delta, lq, lk, lv, lo, H, T_, S, D, causal, scale);
-    attention_dq_kernel<T><<<blocks_for(rows * D, 256), 256, 0, st>>>((T*)dq, dq_acc, lq, H, T_, D, scale, rows * D);
+    check(cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * D, st), "attention_backward");
+    attention_backward_prep_kernel<T><<<(unsigned)ceil_div(rows, 128), 128, 0, st>>>(delta, (const T*)dout,
+                                                                                     (const T*)o, lo, H, T_, D, rows);
+    bool done = false;
+    if constexpr (std::is_same_v<T, __nv_bfloat16> && !DROPOUT)  // the mma.sync fast path (attention_mma.cu)
+        done = attention_backward_mma(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T_, S, D,
+                                      causal, scale);
+    if (!done) {
+        auto kernel = attention_backward_kernel<T, DP, PRECISE, DROPOUT>;
+        int bytes = BwdSmem<T, DP>::bytes;
+        set_smem(kernel, bytes, "attention_backward");
+        dim3 grid((unsigned)ceil_div(S, BC), (unsigned)(B * H));
+        kernel<<<grid, kThreads, bytes, st>>>((T*)dk, (T*)dv, dq_acc, (const T*)dout, (const T*)q, (const T*)k,
+                                              (const T*)v, lse, delta, lq, lk, lv, lo, H, T_, S, D, causal, scale,
+                                              rule, key);
+    }
+    attention_dq_kernel<T><<<blocks_for(rows * D / 8, 256), 256, 0, st>>>((T*)dq, dq_acc, lq, H, T_, D, scale,
+                                                                         rows * D / 8);
     device_free(delta, delta_block, device);
     device_free(dq_acc, acc_block, device);
 }
@@ -456,26 +610,57 @@ void check_shape(const char* op, int dtype, int D, int T_, int S) {
     if (T_ < 0 || S < 0) throw std::runtime_error(std::string(op) + ": negative length");
 }
 
+// the rule of drop probability p: threshold round(p * 65536) (at most 65535), scale 1 / (1 - p)
+DropoutRule dropout_rule(const char* op, float p) {
+    if (!(p >= 0.f && p < 1.f))
+        throw std::runtime_error(std::string(op) + ": dropout_p must be in [0, 1), got " + std::to_string(p));
+    double t = std::floor((double)p * 65536.0 + 0.5);
+    return DropoutRule{(uint32_t)std::min(t, 65535.0), 1.0f / (1.0f - p)};
+}
+
+// the fused kernels with dropout: bf16 and TF32 float32 only (the `precise` float32 variants would
+// double the dropout instantiations; engine/backends/cuda.py sends that case to its unfused path)
+void check_dropout(const char* op, float p, int dtype, bool precise, const void* key) {
+    if (p <= 0.f) return;
+    if (precise && dtype == F32)
+        throw std::runtime_error(std::string(op) + ": dropout is not compiled for the precise float32 kernel "
+                                 "(TF32 switched off); use the unfused path, or allow TF32, or bfloat16");
+    if (key == nullptr) throw std::runtime_error(std::string(op) + ": dropout needs the rng key buffer (1 x uint64)");
+}
+
 }  // namespace
 
 void attention_forward(int device, int dtype, void* o, float* lse, const void* q, const void* k, const void* v,
                        AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T_, int S, int D,
-                       bool causal, float scale, bool precise) {
+                       bool causal, float scale, bool precise, float dropout_p, uint64_t seed, uint64_t* rng_key) {
     check_shape("attention", dtype, D, T_, S);
-    if ((int64_t)B * H * T_ == 0) return;
+    DropoutRule rule = dropout_rule("attention", dropout_p);
+    check_dropout("attention", dropout_p, dtype, precise, rng_key);
+    bool dropout = dropout_p > 0.f;
+    if ((int64_t)B * H * T_ == 0) {
+        if (dropout) attention_rng_key(device, rng_key, seed);  // the backward reads a defined key
+        return;
+    }
     use_device(device);
-#define ENGINE_ATTN_FWD(TYPE, DPV, PREC) \
-    forward_typed<TYPE, DPV, PREC>(device, o, lse, q, k, v, lq, lk, lv, lo, B, H, T_, S, D, causal, scale)
-#define ENGINE_ATTN_FWD_D(TYPE, PREC)                          \
-    if (D <= 32) ENGINE_ATTN_FWD(TYPE, 32, PREC);              \
-    else if (D <= 64) ENGINE_ATTN_FWD(TYPE, 64, PREC);         \
-    else ENGINE_ATTN_FWD(TYPE, 128, PREC);
+#define ENGINE_ATTN_FWD(TYPE, DPV, PREC, DROP)                                                            \
+    forward_typed<TYPE, DPV, PREC, DROP>(device, o, lse, q, k, v, lq, lk, lv, lo, B, H, T_, S, D, causal, scale, \
+                                         rule, seed, rng_key)
+#define ENGINE_ATTN_FWD_D(TYPE, PREC, DROP)                    \
+    if (D <= 32) ENGINE_ATTN_FWD(TYPE, 32, PREC, DROP);        \
+    else if (D <= 64) ENGINE_ATTN_FWD(TYPE, 64, PREC, DROP);   \
+    else ENGINE_ATTN_FWD(TYPE, 128, PREC, DROP);
     if (dtype == BF16) {
-        ENGINE_ATTN_FWD_D(__nv_bfloat16, false)
+        if (dropout) {
+            ENGINE_ATTN_FWD_D(__nv_bfloat16, false, true)
+        } else {
+            ENGINE_ATTN_FWD_D(__nv_bfloat16, false, false)
+        }
     } else if (precise) {
-        ENGINE_ATTN_FWD_D(float, true)
+        ENGINE_ATTN_FWD_D(float, true, false)
+    } else if (dropout) {
+        ENGINE_ATTN_FWD_D(float, false, true)
     } else {
-        ENGINE_ATTN_FWD_D(float, false)
+        ENGINE_ATTN_FWD_D(float, false, false)
     }
 #undef ENGINE_ATTN_FWD_D
 #undef ENGINE_ATTN_FWD
@@ -485,28 +670,54 @@ void attention_forward(int device, int dtype, void* o, float* lse, const void* q
 void attention_backward(int device, int dtype, void* dq, void* dk, void* dv, const void* dout, const void* q,
                         const void* k, const void* v, const void* o, const float* lse, AttnLayout lq, AttnLayout lk,
                         AttnLayout lv, AttnLayout lo, int B, int H, int T_, int S, int D, bool causal, float scale,
-                        bool precise) {
+                        bool precise, float dropout_p, const uint64_t* rng_key) {
     check_shape("attention_backward", dtype, D, T_, S);
+    DropoutRule rule = dropout_rule("attention_backward", dropout_p);
+    check_dropout("attention_backward", dropout_p, dtype, precise, rng_key);
+    bool dropout = dropout_p > 0.f;
     use_device(device);
     if ((int64_t)B * H * S == 0 || (int64_t)B * H * T_ == 0)
         throw std::runtime_error("attention_backward: empty inputs are handled by the caller");
-#define ENGINE_ATTN_BWD(TYPE, DPV, PREC)                                                                      \
-    backward_typed<TYPE, DPV, PREC>(device, dq, dk, dv, dout, q, k, v, o, lse, lq, lk, lv, lo, B, H, T_, S, D, \
-                                    causal, scale)
-#define ENGINE_ATTN_BWD_D(TYPE, PREC)                          \
-    if (D <= 32) ENGINE_ATTN_BWD(TYPE, 32, PREC);              \
-    else if (D <= 64) ENGINE_ATTN_BWD(TYPE, 64, PREC);         \
-    else ENGINE_ATTN_BWD(TYPE, 128, PREC);
+#define ENGINE_ATTN_BWD(TYPE, DPV, PREC, DROP)                                                                      \
+    backward_typed<TYPE, DPV, PREC, DROP>(device, dq, dk, dv, dout, q, k, v, o, lse, lq, lk, lv, lo, B, H, T_, S, D, \
+                                          causal, scale, rule, rng_key)
+#define ENGINE_ATTN_BWD_D(TYPE, PREC, DROP)                    \
+    if (D <= 32) ENGINE_ATTN_BWD(TYPE, 32, PREC, DROP);        \
+    else if (D <= 64) ENGINE_ATTN_BWD(TYPE, 64, PREC, DROP);   \
+    else ENGINE_ATTN_BWD(TYPE, 128, PREC, DROP);
     if (dtype == BF16) {
-        ENGINE_ATTN_BWD_D(__nv_bfloat16, false)
+        if (dropout) {
+            ENGINE_ATTN_BWD_D(__nv_bfloat16, false, true)
+        } else {
+            ENGINE_ATTN_BWD_D(__nv_bfloat16, false, false)
+        }
     } else if (precise) {
-        ENGINE_ATTN_BWD_D(float, true)
+        ENGINE_ATTN_BWD_D(float, true, false)
+    } else if (dropout) {
+        ENGINE_ATTN_BWD_D(float, false, true)
     } else {
-        ENGINE_ATTN_BWD_D(float, false)
+        ENGINE_ATTN_BWD_D(float, false, false)
     }
 #undef ENGINE_ATTN_BWD_D
 #undef ENGINE_ATTN_BWD
     check_launch("attention_backward");
+}
+
+void attention_dropout_mask(int device, float* out, int64_t BH, int T_, int S, float p, uint64_t seed,
+                            const uint64_t* rng_key) {
+    DropoutRule rule = dropout_rule("attention_dropout_mask", p);
+    if (BH * T_ * S == 0) return;
+    use_device(device);
+    int64_t groups = BH * T_ * ((S + 7) / 8);
+    attention_dropout_mask_kernel<<<blocks_for(groups, 256), 256, 0, stream(device)>>>(out, BH, T_, S, rule, seed,
+                                                                                        rng_key);
+    check_launch("attention_dropout_mask");
+}
+
+void attention_rng_key(int device, uint64_t* rng_key, uint64_t seed) {
+    use_device(device);
+    attention_rng_key_kernel<<<1, 1, 0, stream(device)>>>(rng_key, seed, capture_rng_epoch(device));
+    check_launch("attention_rng_key");
 }
 
 }  // namespace engine

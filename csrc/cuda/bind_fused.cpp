@@ -27,17 +27,26 @@ void bind_fused(py::module_& m) {
     m.def("attention_forward", [](int device, int dtype, addr o, addr lse, addr q, addr k, addr v,
                                   const std::vector<int64_t>& lq, const std::vector<int64_t>& lk,
                                   const std::vector<int64_t>& lv, const std::vector<int64_t>& lo, int B, int H, int T,
-                                  int S, int D, bool causal, float scale, bool precise) {
+                                  int S, int D, bool causal, float scale, bool precise, float dropout_p,
+                                  uint64_t seed, addr rng_key) {
         attention_forward(device, dtype, P(o), P<float>(lse), P(q), P(k), P(v), L(lq), L(lk), L(lv), L(lo), B, H, T, S,
-                          D, causal, scale, precise);
+                          D, causal, scale, precise, dropout_p, seed, P<uint64_t>(rng_key));
     });
     m.def("attention_backward", [](int device, int dtype, addr dq, addr dk, addr dv, addr dout, addr q, addr k,
                                    addr v, addr o, addr lse, const std::vector<int64_t>& lq,
                                    const std::vector<int64_t>& lk, const std::vector<int64_t>& lv,
                                    const std::vector<int64_t>& lo, int B, int H, int T, int S, int D, bool causal,
-                                   float scale, bool precise) {
+                                   float scale, bool precise, float dropout_p, addr rng_key) {
         attention_backward(device, dtype, P(dq), P(dk), P(dv), P(dout), P(q), P(k), P(v), P(o), P<const float>(lse),
-                           L(lq), L(lk), L(lv), L(lo), B, H, T, S, D, causal, scale, precise);
+                           L(lq), L(lk), L(lv), L(lo), B, H, T, S, D, causal, scale, precise, dropout_p,
+                           P<const uint64_t>(rng_key));
+    });
+    m.def("attention_dropout_mask", [](int device, addr out, int64_t BH, int T, int S, float p, uint64_t seed,
+                                       addr rng_key) {
+        attention_dropout_mask(device, P<float>(out), BH, T, S, p, seed, P<const uint64_t>(rng_key));
+    });
+    m.def("attention_rng_key", [](int device, addr rng_key, uint64_t seed) {
+        attention_rng_key(device, P<uint64_t>(rng_key), seed);
     });
     m.def("layernorm_forward_dt", [](int device, int dtype, addr out, addr mean, addr rstd, addr x, addr w, addr b,
                                      int64_t N, int64_t C, float eps) {

@@ -20,14 +20,24 @@ struct AttnLayout {
 // halves for ~float32 accuracy). dtype F32 or BF16; D % 8 == 0, D <= 128; pointers 16-byte aligned.
 // q (B, H, T, D), k, v (B, H, S, D) -> o (B, H, T, D), lse (B, H, T) float32 (natural log of the
 // softmax denominator of the scaled scores; -inf for a query that sees no key).
+// Dropout (dropout_p in [0, 1); not with `precise`): probability (bh, i, j) is kept by its Philox
+// bits under key = the seed, mixed with the graph epoch while capturing; the forward writes that key
+// to rng_key (one uint64 of device memory the caller keeps) and the backward reads it from there.
+// lse is the undropped one; o = sum_j P_ij Z_ij v_j with Z = keep / (1 - p).
 void attention_forward(int device, int dtype, void* o, float* lse, const void* q, const void* k, const void* v,
                        AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, int D,
-                       bool causal, float scale, bool precise);
+                       bool causal, float scale, bool precise, float dropout_p, uint64_t seed, uint64_t* rng_key);
 // dout has o's layout; dq, dk, dv have q's, k's and v's layouts (each element written once).
 void attention_backward(int device, int dtype, void* dq, void* dk, void* dv, const void* dout, const void* q,
                         const void* k, const void* v, const void* o, const float* lse, AttnLayout lq, AttnLayout lk,
                         AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, int D, bool causal, float scale,
-                        bool precise);
+                        bool precise, float dropout_p, const uint64_t* rng_key);
+// out (BH, T, S) float32 = the Z the kernels above use: 0 or 1 / (1 - p). The key is *rng_key
+// (what a forward wrote), or `seed` itself when rng_key is null (tests: the CPU reference's mask).
+void attention_dropout_mask(int device, float* out, int64_t BH, int T, int S, float p, uint64_t seed,
+                            const uint64_t* rng_key);
+// *rng_key = the key a forward with this seed would use (for the unfused path with dropout)
+void attention_rng_key(int device, uint64_t* rng_key, uint64_t seed);
 
 // mixed.cu: the bfloat16 forms of elementwise.cu's binary, unary, act_backward and where (same
 // arguments; float32 arithmetic, bf16 in memory). elementwise.cu dispatches dtype BF16 here.

@@ -6,34 +6,17 @@
 #include "common.cuh"
 #include "graph.h"
 #include "ops.h"
+#include "philox.cuh"
 
 namespace engine {
 namespace {
-
-__device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
-    const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
-#pragma unroll
-    for (int r = 0; r < 10; ++r) {
-        uint32_t hi0 = __umulhi(M0, c.x), lo0 = M0 * c.x;
-        uint32_t hi1 = __umulhi(M1, c.z), lo1 = M1 * c.z;
-        c = make_uint4(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
-        k.x += W0;
-        k.y += W1;
-    }
-    return c;
-}
-
-// the Philox key of a draw: the seed, moved along by the graph epoch when replaying a capture
-__device__ __forceinline__ uint64_t draw_key(uint64_t seed, const uint64_t* epoch) {
-    return epoch == nullptr ? seed : seed + *epoch * 0x9E3779B97F4A7C15ull;
-}
 
 __device__ __forceinline__ float u01(uint32_t x) { return (x >> 8) * (1.0f / 16777216.0f); }  // [0, 1)
 
 __device__ __forceinline__ uint4 draw(uint64_t group, uint64_t seed, uint64_t offset) {
     uint64_t ctr = group + offset / 4;
     return philox4x32_10(make_uint4((uint32_t)ctr, (uint32_t)(ctr >> 32), 0x5eedu, 0u),
-                         make_uint2((uint32_t)seed, (uint32_t)(seed >> 32)));
+                         philox_key(seed));
 }
 
 // out (n,) = 0 with probability p, else 1/(1-p)

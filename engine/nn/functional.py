@@ -15,18 +15,21 @@ from ..random import next_seed
 from ..tensor import Tensor, tensor, where
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x (..., in) @ weight (out, in)^T + bias (out,) -> (..., out)."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+    """x (..., in) @ weight (out, in)^T + bias (out,) -> (..., out), then `activation`: None or "gelu"
+    (tanh GELU, the same as gelu(linear(x, weight, bias)) in one op; on the GPU bias and GELU are
+    folded into the matmul)."""
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: input has {x.shape[-1]} features (shape {x.shape}), "
                          f"but the weight expects {weight.shape[-1]} (weight shape {weight.shape})")
+    if activation not in (None, "gelu"):
+        raise ValueError(f"linear: activation must be None or 'gelu', got {activation!r}")
     dt = _autocast_dtype(x)
     if dt is not None:  # bf16 operands (fp32 master weights: the cast's backward returns fp32 gradients)
         x, weight = x.type(dt), weight.type(dt)
         bias = bias.type(dt) if bias is not None else None
-    if bias is None:
-        return _Linear.apply(x, weight)
-    return _Linear.apply(x, weight, bias)
+    args = (x, weight) if bias is None else (x, weight, bias)
+    return _Linear.apply(*args, activation=activation)
 
 
 def relu(x: Tensor) -> Tensor:
@@ -155,7 +158,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
                                  scale: float | None = None) -> Tensor:
     """softmax(q k^T * scale + mask) v.  q (..., T, D), k (..., S, D), v (..., S, Dv) -> (..., T, Dv).
 
-    attn_mask: bool (True = may attend, as in PyTorch) or additive float, broadcast to (..., T, S)."""
+    attn_mask: bool (True = may attend, as in PyTorch) or additive float, broadcast to (..., T, S).
+    dropout_p: inverted dropout on the attention weights (always applied, as in PyTorch: pass 0.0
+    outside training); drawn inside the fused op, seeded from the engine's generator."""
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"attention: q {q.shape}, k {k.shape}, v {v.shape} do not fit "
                          "(need q (..., T, D), k (..., S, D), v (..., S, Dv))")
@@ -164,10 +169,12 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     dt = _autocast_dtype(q)
     if dt is not None:
         q, k, v = q.type(dt), k.type(dt), v.type(dt)
-    if (attn_mask is None and dropout_p == 0.0 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+    if (attn_mask is None and 0.0 <= dropout_p < 1.0 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
             and v.shape[-1] == q.shape[-1] and q.dtype == k.dtype == v.dtype and q.dtype.is_floating_point):
-        # one fused op (flash-style on the GPU): no (..., T, S) scores kept for the backward
-        return _Attention.apply(q, k, v, causal=bool(is_causal), scale=float(scale))
+        # one fused op (flash-style on the GPU, dropout included): no (..., T, S) scores kept for the backward
+        seed = next_seed() if dropout_p > 0.0 else 0
+        return _Attention.apply(q, k, v, causal=bool(is_causal), scale=float(scale), dropout_p=float(dropout_p),
+                                seed=seed)
     if q.dtype == dtypes.bfloat16:  # the unfused path keeps scores and softmax in float32
         from ..autocast import autocast
 
@@ -188,18 +195,24 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
     return att @ v
 
 
-def self_attention(qkv: Tensor, n_head: int, is_causal: bool = True, scale: float | None = None) -> Tensor:
-    """Multi-head self-attention straight from a packed projection (no dropout, no mask beyond causal).
+def self_attention(qkv: Tensor, n_head: int, is_causal: bool = True, scale: float | None = None,
+                   dropout_p: float = 0.0) -> Tensor:
+    """Multi-head self-attention straight from a packed projection (no mask beyond causal).
 
     qkv (B, T, 3C) = q | k | v, each (B, T, n_head, C / n_head) -> (B, T, C), heads side by side.
     The same as splitting the heads, calling scaled_dot_product_attention and merging them back, in
-    one op: no permutes, and one (B, T, 3C) gradient in the backward."""
+    one op: no permutes, and one (B, T, 3C) gradient in the backward. dropout_p: dropout on the
+    attention weights inside the op (always applied: pass 0.0 outside training), in [0, 1)."""
     if qkv.ndim != 3 or qkv.shape[-1] % 3 or (qkv.shape[-1] // 3) % n_head:
         raise ValueError(f"self_attention: qkv must be (B, T, 3C) with C divisible by n_head={n_head}, "
                          f"got shape {qkv.shape}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"self_attention: dropout_p must be in [0, 1), got {dropout_p}")
     D = qkv.shape[-1] // 3 // n_head
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     dt = _autocast_dtype(qkv)
     if dt is not None:
         qkv = qkv.type(dt)
-    return _AttentionQKV.apply(qkv, n_head=int(n_head), causal=bool(is_causal), scale=float(scale))
+    seed = next_seed() if dropout_p > 0.0 else 0
+    return _AttentionQKV.apply(qkv, n_head=int(n_head), causal=bool(is_causal), scale=float(scale),
+                               dropout_p=float(dropout_p), seed=seed)

@@ -50,11 +50,12 @@ class MultiHeadAttention(Module):
         B, T, C = x.shape
         H, D = self.n_head, C // self.n_head
         dropout_p = self.attn_dropout if self.training else 0.0
-        if cache is None and attn_mask is None and dropout_p == 0.0 and x.device.type == "cuda":
-            # fused: (B, T, 3C) -> (B, T, C) in one op, heads read and written in place. Not on the
-            # CPU, whose numpy reference of this op recomputes the scores in the backward: there the
-            # split-heads path below is 25% faster per training step (bench/cpu_step.py)
-            y = F.self_attention(self.c_attn(x), H, is_causal=self.causal)
+        if cache is None and attn_mask is None and dropout_p < 1.0 and x.device.type == "cuda":
+            # fused: (B, T, 3C) -> (B, T, C) in one op, heads read and written in place, attention
+            # dropout inside the kernel. Not on the CPU, whose numpy reference of this op recomputes
+            # the scores in the backward: there the split-heads path below is 25% faster per
+            # training step (bench/cpu_step.py)
+            y = F.self_attention(self.c_attn(x), H, is_causal=self.causal, dropout_p=dropout_p)
             return self.resid_dropout(self.c_proj(y))
         qkv = self.c_attn(x).reshape(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
         q, k, v = qkv[0], qkv[1], qkv[2]

@@ -50,17 +50,18 @@ def _inputs(shape_q, shape_kv, dtype, seed):
                                             (engine.bfloat16, True, 3e-2)])
 @pytest.mark.parametrize("T,S,D,causal", [(64, 64, 64, True), (100, 100, 32, True), (37, 130, 64, True),
                                           (130, 130, 128, False), (5, 5, 16, True), (70, 70, 80, True),
-                                          (1, 9, 64, True)])
+                                          (1, 9, 64, True), (256, 256, 64, True), (200, 333, 32, False),
+                                          (300, 300, 128, True)])
 def test_attention_matches_cpu(dtype, tf32, tol, T, S, D, causal):
     prev = engine.cuda.allow_tf32()
     engine.cuda.set_allow_tf32(tf32)
     try:
         q, k, v, g = _inputs((2, 3, T, D), (2, 3, S, D), dtype, seed=T + S + D)
         scale = 1.0 / np.sqrt(D)
-        out_c, lse_c = cpu.attention(q, k, v, causal, scale)
+        out_c, lse_c, _ = cpu.attention(q, k, v, causal, scale)
         dq_c, dk_c, dv_c = cpu.attention_backward(g, q, k, v, out_c, lse_c, causal, scale)
         Q, K, V, G = (_upload(a, dtype) for a in (q, k, v, g))
-        out, lse = gpu.attention(Q, K, V, causal, scale)
+        out, lse, _ = gpu.attention(Q, K, V, causal, scale)
         assert out.dtype is dtype and lse.dtype is engine.float32
         assert _rel(_download(out), out_c) < tol
         lse_g = gpu.to_numpy(lse)
@@ -84,10 +85,10 @@ def test_attention_qkv_packed_matches_cpu(dtype, tol, causal, no_tf32):
     if dtype is engine.bfloat16:
         qkv, g = (_from_bf16_bits(_to_bf16_bits(a)).reshape(a.shape) for a in (qkv, g))
     scale = 1.0 / np.sqrt(D)
-    out_c, lse_c = cpu.attention_qkv(qkv, H, causal, scale)
+    out_c, lse_c, _ = cpu.attention_qkv(qkv, H, causal, scale)
     dqkv_c = cpu.attention_qkv_backward(g, qkv, out_c, lse_c, H, causal, scale)
     QKV, G = _upload(qkv, dtype), _upload(g, dtype)
-    out, lse = gpu.attention_qkv(QKV, H, causal, scale)
+    out, lse, _ = gpu.attention_qkv(QKV, H, causal, scale)
     assert out.shape == (B, T, H * D) and lse.shape == (B, H, T)
     assert _rel(_download(out), out_c) < tol
     dqkv = gpu.attention_qkv_backward(G, QKV, out, lse, H, causal, scale)
@@ -97,8 +98,8 @@ def test_attention_qkv_packed_matches_cpu(dtype, tol, causal, no_tf32):
 
 def test_attention_unfused_head_dim_falls_back(no_tf32):
     q, k, v, g = _inputs((2, 5, 4), (2, 7, 4), engine.float32, seed=0)  # D = 4: composite path
-    out_c, lse_c = cpu.attention(q, k, v, True, 0.5)
-    out, lse = gpu.attention(*(gpu.from_numpy(a) for a in (q, k, v)), True, 0.5)
+    out_c, lse_c, _ = cpu.attention(q, k, v, True, 0.5)
+    out, lse, _ = gpu.attention(*(gpu.from_numpy(a) for a in (q, k, v)), True, 0.5)
     np.testing.assert_allclose(gpu.to_numpy(out), out_c, atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(gpu.to_numpy(lse), lse_c, atol=1e-5, rtol=1e-4)
 
@@ -124,7 +125,7 @@ def test_attention_keeps_no_scores_in_memory():
     engine.cuda.synchronize()
     engine.cuda.reset_peak_memory_stats()
     base = engine.cuda.memory_allocated()
-    out, lse = gpu.attention(x, x, x, True, 0.125)
+    out, lse, _ = gpu.attention(x, x, x, True, 0.125)
     dq, _, _ = gpu.attention_backward(out, x, x, x, out, lse, True, 0.125)
     engine.cuda.synchronize()
     assert engine.cuda.max_memory_allocated() - base < 64 * 2**20

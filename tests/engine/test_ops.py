@@ -231,7 +231,7 @@ def test_attention_lse_and_fully_hidden_rows():
 
     rng = np.random.default_rng(1)
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((4, 4), (2, 4), (2, 4)))
-    out, lse = cpu.attention(q, k, v, True, 0.5)  # T=4 > S=2: the first two queries see no key
+    out, lse, _ = cpu.attention(q, k, v, True, 0.5)  # T=4 > S=2: the first two queries see no key
     s = (q @ k.T) * 0.5
     assert np.all(np.isneginf(lse[:2])) and np.all(out[:2] == 0)
     np.testing.assert_allclose(lse[2], np.log(np.exp(s[2, :1]).sum()), rtol=1e-6)
