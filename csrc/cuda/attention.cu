@@ -322,25 +322,28 @@ __device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&f)[8]) {
     *reinterpret_cast<uint4*>(p) = u;
 }
 
-// delta (B*H, T) = rowsum(dout * o). One thread per row, 16-byte loads (D % 8 == 0)
+// delta (B*H, T) = rowsum(dout * o). A half-warp per row, each lane 8 consecutive elements (16-byte
+// loads, D % 8 == 0, D <= 128), so a row is read in one coalesced sweep.
 template <typename T>
 __global__ void attention_backward_prep_kernel(float* __restrict__ delta, const T* __restrict__ dout,
                                                const T* __restrict__ o, AttnLayout lo, int H, int Tq, int D,
                                                int64_t rows) {
-    int64_t row = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (row >= rows) return;
-    int64_t bh = row / Tq;
-    int t = (int)(row % Tq);
-    int64_t base = (bh / H) * lo.sb + (bh % H) * lo.sh + (int64_t)t * lo.st;
+    int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4;
+    int c = (threadIdx.x & 15) * 8;
     float s = 0.f;
-    for (int c = 0; c < D; c += 8) {
+    if (row < rows && c < D) {
+        int64_t bh = row / Tq;
+        int t = (int)(row % Tq);
+        int64_t base = (bh / H) * lo.sb + (bh % H) * lo.sh + (int64_t)t * lo.st + c;
         float a[8], b[8];
-        load8(a, dout + base + c);
-        load8(b, o + base + c);
+        load8(a, dout + base);
+        load8(b, o + base);
 #pragma unroll
         for (int i = 0; i < 8; ++i) s += a[i] * b[i];
     }
-    delta[row] = s;
+#pragma unroll
+    for (int m = 8; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    if (row < rows && (threadIdx.x & 15) == 0) delta[row] = s;
 }
 
 // dq (layout lq, type T) = dq_acc (B*H, T, D) * scale; a thread converts 8 consecutive elements
@@ -581,8 +584,8 @@ void backward_typed(int device, void* dq, void* dk, void* dv, const void* dout, 
     float* delta = (float*)device_alloc(sizeof(float) * std::max<int64_t>(rows, 1), device, &delta_block);
     float* dq_acc = (float*)device_alloc(sizeof(float) * std::max<int64_t>(rows * D, 1), device, &acc_block);
     check(cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * D, st), "attention_backward");
-    attention_backward_prep_kernel<T><<<(unsigned)ceil_div(rows, 128), 128, 0, st>>>(delta, (const T*)dout,
-                                                                                     (const T*)o, lo, H, T_, D, rows);
+    attention_backward_prep_kernel<T><<<(unsigned)ceil_div(rows, 16), 256, 0, st>>>(delta, (const T*)dout,
+                                                                                    (const T*)o, lo, H, T_, D, rows);
     bool done = false;
     if constexpr (std::is_same_v<T, __nv_bfloat16> && !DROPOUT)  // the mma.sync fast path (attention_mma.cu)
         done = attention_backward_mma(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T_, S, D,

@@ -80,10 +80,10 @@ __device__ __forceinline__ const bf16* b_rows_t(const bf16* s, int r0, int c0, i
 }
 
 // rows [row0, row0 + R) of a (b, h) slice -> smem (R, D) with row stride LD; rows >= nrows zero
-template <int R, int D, int LD>
+template <int R, int D, int LD, int NT = kThreads>
 __device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, int64_t st, int row0, int nrows) {
     constexpr int CH = D / 8;
-    for (int i = threadIdx.x; i < R * CH; i += kThreads) {
+    for (int i = threadIdx.x; i < R * CH; i += NT) {
         int r = i / CH, c = (i % CH) * 8;
         int row = row0 + r;
         bool ok = row < nrows;
@@ -106,7 +106,7 @@ __device__ __forceinline__ void to_a_frags(uint32_t (&a)[4][4], const float (&p)
 
 // grid (ceil(T / 64), B * H); a warp owns 16 queries; K/V tiles of 64 keys double-buffered.
 template <int D>
-__global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ o, float* __restrict__ lse,
+__global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 2) fwd_kernel(bf16* __restrict__ o, float* __restrict__ lse,
                                                        const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                        const bf16* __restrict__ v, AttnLayout lq, AttnLayout lk,
                                                        AttnLayout lv, AttnLayout lo, int H, int Tq, int S, bool causal,
@@ -169,14 +169,16 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ o, flo
                 mma(s[2 * np + 1], qa[kk], r[2], r[3]);
             }
         }
-        // mask, scale, online softmax (each row's 64 columns are spread over the 4 lanes of a quad)
+        // mask, scale, online softmax (each row's 64 columns are spread over the 4 lanes of a quad);
+        // tiles wholly inside the visible region skip the mask
+        const bool full = k0 + BC <= S && (!causal || k0 + BC - 1 <= q0 + off);
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 int col = k0 + j * 8 + 2 * t + (e & 1), r = e >> 1;
-                bool visible = col < S && (!causal || col <= row[r] + off);
+                bool visible = full || (col < S && (!causal || col <= row[r] + off));
                 s[j][e] = visible ? s[j][e] * scale2 : -INFINITY;
                 mx[r] = fmaxf(mx[r], s[j][e]);
             }
@@ -240,11 +242,14 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(bf16* __restrict__ o, flo
 
 // ---- backward -----------------------------------------------------------------------------------
 
-// grid (ceil(S / 64), B * H): a block owns 64 keys (a warp 16 of them, with its K and V rows as
-// A fragments in registers and its dK, dV accumulators), walks the query tiles that see them, and
-// adds dQ = dS K for each tile into dq_acc (float32) with atomics.
+// grid (ceil(S / 128), B * H): a block of 8 warps owns 128 keys (a warp 16 of them, with its K and V
+// rows as A fragments in registers and its dK, dV accumulators), walks the query tiles of 64 that
+// see them (double-buffered), and adds dQ = dS K for each tile into dq_acc (float32) with atomics:
+// 128 keys per block halve the atomics and the Q / dO reloads of 64-key blocks.
+constexpr int BK = 128, kThreadsB = 256;
+
 template <int D>
-__global__ void __launch_bounds__(kThreads) bwd_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
+__global__ void __launch_bounds__(kThreadsB) bwd_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
                                                        float* __restrict__ dq_acc, const bf16* __restrict__ dout,
                                                        const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                        const bf16* __restrict__ v, const float* __restrict__ lse,
@@ -254,24 +259,38 @@ __global__ void __launch_bounds__(kThreads) bwd_kernel(bf16* __restrict__ dk, bf
     constexpr int LD = D + 8, LDS = BR + 8;
     extern __shared__ __align__(128) unsigned char smem[];
     bf16* sK = reinterpret_cast<bf16*>(smem);
-    bf16* sV = sK + BC * LD;
-    bf16* sQ = sV + BC * LD;
-    bf16* sdO = sQ + BR * LD;
-    bf16* sdS = sdO + BR * LD;  // dS^T (64 keys x 64 queries)
-    float* sLse = reinterpret_cast<float*>(sdS + BC * LDS);
-    float* sDelta = sLse + BR;
+    bf16* sV = sK + BK * LD;
+    bf16* sQ2 = sV + BK * LD;     // [2][BR][LD]: query tiles double-buffered
+    bf16* sdO2 = sQ2 + 2 * BR * LD;
+    bf16* sdS = sdO2 + 2 * BR * LD;  // dS^T (128 keys x 64 queries)
+    float* sLse2 = reinterpret_cast<float*>(sdS + BK * LDS);  // [2][BR]
+    float* sDelta2 = sLse2 + 2 * BR;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int k0 = blockIdx.x * BC;
+    const int k0 = blockIdx.x * BK;
     const int off = S - Tq;
     const bf16* qb = q + b * lq.sb + h * lq.sh;
     const bf16* dob = dout + b * lo.sb + h * lo.sh;
     const float* lse_bh = lse + (int64_t)bh * Tq;
     const float* delta_bh = delta + (int64_t)bh * Tq;
     float* dq_bh = dq_acc + (int64_t)bh * Tq * D;
+    const int i_begin = causal ? max(0, k0 - off) / BR * BR : 0;
 
-    load_rows<BC, D, LD>(sK, k + b * lk.sb + h * lk.sh, lk.st, k0, S);
-    load_rows<BC, D, LD>(sV, v + b * lv.sb + h * lv.sh, lv.st, k0, S);
+    // the query tile at i0 (its rows of Q, dO, lse, delta) into buffer `buf`
+    auto load_query_tile = [&](int i0, int buf) {
+        load_rows<BR, D, LD, kThreadsB>(sQ2 + buf * BR * LD, qb, lq.st, i0, Tq);
+        load_rows<BR, D, LD, kThreadsB>(sdO2 + buf * BR * LD, dob, lo.st, i0, Tq);
+        for (int i = threadIdx.x; i < BR; i += kThreadsB) {
+            bool ok = i0 + i < Tq;
+            float lv_ = ok ? lse_bh[i0 + i] : INFINITY;
+            sLse2[buf * BR + i] = lv_ == -INFINITY ? INFINITY : lv_ * kLog2e;  // a query that saw nothing: P = 0
+            sDelta2[buf * BR + i] = ok ? delta_bh[i0 + i] : 0.f;
+        }
+    };
+
+    load_rows<BK, D, LD, kThreadsB>(sK, k + b * lk.sb + h * lk.sh, lk.st, k0, S);
+    load_rows<BK, D, LD, kThreadsB>(sV, v + b * lv.sb + h * lv.sh, lv.st, k0, S);
+    if (i_begin < Tq) load_query_tile(i_begin, 0);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -287,20 +306,17 @@ __global__ void __launch_bounds__(kThreads) bwd_kernel(bf16* __restrict__ dk, bf
 #pragma unroll
         for (int e = 0; e < 4; ++e) dk_acc[j][e] = dv_acc[j][e] = 0.f;
     const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
-    const int i_begin = causal ? max(0, k0 - off) / BR * BR : 0;
 
-    for (int i0 = i_begin; i0 < Tq; i0 += BR) {
-        load_rows<BR, D, LD>(sQ, qb, lq.st, i0, Tq);
-        load_rows<BR, D, LD>(sdO, dob, lo.st, i0, Tq);
+    for (int i0 = i_begin, it = 0; i0 < Tq; i0 += BR, ++it) {
+        const int buf = it & 1;
+        if (i0 + BR < Tq) load_query_tile(i0 + BR, buf ^ 1);  // prefetch (that buffer was freed last iteration)
         cp_async_commit();
-        for (int i = threadIdx.x; i < BR; i += kThreads) {
-            bool ok = i0 + i < Tq;
-            float lv_ = ok ? lse_bh[i0 + i] : INFINITY;
-            sLse[i] = lv_ == -INFINITY ? INFINITY : lv_ * kLog2e;  // a query that saw nothing: P = 0
-            sDelta[i] = ok ? delta_bh[i0 + i] : 0.f;
-        }
-        cp_async_wait<0>();
+        cp_async_wait<1>();
         __syncthreads();
+        const bf16* sQ = sQ2 + buf * BR * LD;
+        const bf16* sdO = sdO2 + buf * BR * LD;
+        const float* sLse = sLse2 + buf * BR;
+        const float* sDelta = sDelta2 + buf * BR;
         // S^T (16 keys x 64 queries) = K_w Q^T;  dP^T = V_w dO^T
         float st[8][4], dpt[8][4];
 #pragma unroll
@@ -320,13 +336,15 @@ __global__ void __launch_bounds__(kThreads) bwd_kernel(bf16* __restrict__ dk, bf
                 mma(dpt[2 * np + 1], va[kk], r[2], r[3]);
             }
         }
-        // P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta); dS^T also to shared memory for dQ
+        // P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta); dS^T also to shared memory for dQ.
+        // Tiles wholly inside the visible region skip the mask.
+        const bool full = k0 + BK <= S && i0 + BR <= Tq && (!causal || k0 + BK - 1 <= i0 + off);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 int c = j * 8 + 2 * t + (e & 1), qi = i0 + c, r = e >> 1;
-                bool visible = key[r] < S && qi < Tq && (!causal || key[r] <= qi + off);
+                bool visible = full || (key[r] < S && qi < Tq && (!causal || key[r] <= qi + off));
                 float p = visible ? exp2f(st[j][e] * scale2 - sLse[c]) : 0.f;
                 st[j][e] = p;
                 dpt[j][e] = p * (dpt[j][e] - sDelta[c]);
@@ -353,37 +371,44 @@ __global__ void __launch_bounds__(kThreads) bwd_kernel(bf16* __restrict__ dk, bf
             }
         }
         __syncthreads();  // all of dS^T is in shared memory
-        // dQ (queries 16w.., D) += dS (16 x 64 keys) K (64 keys x D); dS read transposed out of dS^T
-        if (i0 + warp * 16 < Tq) {
-            float dq[D / 8][4];
+        // dQ (64 queries x D) += dS (64 x 128 keys) K (128 keys x D), dS read transposed out of dS^T;
+        // warp w computes queries 16 (w % 4).. and the half w / 4 of the D columns
+        const int qrow0 = i0 + (warp & 3) * 16, c0 = (warp >> 2) * (D / 2);
+        if (qrow0 < Tq) {
+            float dq[D / 16][4];
 #pragma unroll
-            for (int j = 0; j < D / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+            for (int j = 0; j < D / 16; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
+            for (int kk = 0; kk < BK / 16; ++kk) {
                 uint32_t a[4];
-                ldsm_x4_t(a, bt_rows<LDS>(sdS, kk * 16, warp * 16, lane));
+                ldsm_x4_t(a, bt_rows<LDS>(sdS, kk * 16, (warp & 3) * 16, lane));
 #pragma unroll
-                for (int dp = 0; dp < D / 16; ++dp) {
+                for (int dp = 0; dp < D / 32; ++dp) {
                     uint32_t r[4];
-                    ldsm_x4_t(r, b_rows_t<LD>(sK, kk * 16, dp * 16, lane));
+                    ldsm_x4_t(r, b_rows_t<LD>(sK, kk * 16, c0 + dp * 16, lane));
                     mma(dq[2 * dp], a, r[0], r[1]);
                     mma(dq[2 * dp + 1], a, r[2], r[3]);
                 }
             }
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                int qi = i0 + warp * 16 + g + 8 * r;
+                int qi = qrow0 + g + 8 * r;
                 if (qi >= Tq) continue;
-                float* dst = dq_bh + (int64_t)qi * D + 2 * t;
+                float* dst = dq_bh + (int64_t)qi * D + c0 + 2 * t;
 #pragma unroll
-                for (int j = 0; j < D / 8; ++j) {
+                for (int j = 0; j < D / 16; ++j) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+                    atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[j][2 * r], dq[j][2 * r + 1]));
+#else
                     atomicAdd(dst + j * 8, dq[j][2 * r]);
                     atomicAdd(dst + j * 8 + 1, dq[j][2 * r + 1]);
+#endif
                 }
             }
         }
-        __syncthreads();  // sQ, sdO, sdS are refilled next
+        __syncthreads();  // this buffer and sdS are refilled next
     }
+    cp_async_wait<0>();
     bf16* dkb = dk + b * lk.sb + h * lk.sh;
     bf16* dvb = dv + b * lv.sb + h * lv.sh;
 #pragma unroll
@@ -419,10 +444,10 @@ template <int D>
 void backward_d(cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout, const void* q, const void* k,
                 const void* v, const float* lse, const float* delta, AttnLayout lq, AttnLayout lk, AttnLayout lv,
                 AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
-    int bytes = (2 * BC + 2 * BR) * (D + 8) * (int)sizeof(bf16) + BC * (BR + 8) * (int)sizeof(bf16) + 2 * BR * 4;
+    int bytes = (2 * BK + 4 * BR) * (D + 8) * (int)sizeof(bf16) + BK * (BR + 8) * (int)sizeof(bf16) + 4 * BR * 4;
     set_smem(bwd_kernel<D>, bytes, "attention_backward");
-    dim3 grid((unsigned)ceil_div(S, BC), (unsigned)(B * H));
-    bwd_kernel<D><<<grid, kThreads, bytes, st>>>((bf16*)dk, (bf16*)dv, dq_acc, (const bf16*)dout, (const bf16*)q,
+    dim3 grid((unsigned)ceil_div(S, BK), (unsigned)(B * H));
+    bwd_kernel<D><<<grid, kThreadsB, bytes, st>>>((bf16*)dk, (bf16*)dv, dq_acc, (const bf16*)dout, (const bf16*)q,
                                                  (const bf16*)k, (const bf16*)v, lse, delta, lq, lk, lv, lo, H, T, S,
                                                  causal, scale, scale * kLog2e);
 }

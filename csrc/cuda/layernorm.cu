@@ -161,13 +161,23 @@ __global__ void layernorm_backward_wide_kernel(T* __restrict__ dx, float* __rest
         }
 }
 
-// part (P, C) -> out (C,): column sums
+// part (P, C) -> out (C,): column sums. Block (32, 32): 32 columns, each summed by 32 threads
+// (rows y, y + 32, ...) and then across them in shared memory
 __global__ void sum_parts_kernel(float* __restrict__ out, const float* __restrict__ part, int P, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ float acc[32][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
-    for (int p = 0; p < P; ++p) s += part[(int64_t)p * C + c];
-    out[c] = s;
+    if (c < C)
+#pragma unroll 4
+        for (int p = threadIdx.y; p < P; p += 32) s += part[(int64_t)p * C + c];
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float total = 0.f;
+#pragma unroll 8
+        for (int y = 0; y < 32; ++y) total += acc[y][threadIdx.x];
+        out[c] = total;
+    }
 }
 
 template <typename T>
@@ -215,9 +225,9 @@ void layernorm_backward_typed(int device, T* dx, float* dw, float* db, const T* 
     else if (C <= 1024) launch(layernorm_backward_kernel<T, 32>);
     else launch(layernorm_backward_wide_kernel<T>);
     if (need_w) {
-        unsigned int g = (unsigned int)ceil_div(C, 256);
-        if (dw) sum_parts_kernel<<<g, 256, 0, st>>>(dw, part, blocks, (int)C);
-        if (db) sum_parts_kernel<<<g, 256, 0, st>>>(db, part + blocks * C, blocks, (int)C);
+        unsigned int g = (unsigned int)ceil_div(C, 32);
+        if (dw) sum_parts_kernel<<<g, dim3(32, 32), 0, st>>>(dw, part, blocks, (int)C);
+        if (db) sum_parts_kernel<<<g, dim3(32, 32), 0, st>>>(db, part + blocks * C, blocks, (int)C);
         device_free(part, block, device);
     }
     check_launch("layer_norm_backward");

@@ -643,9 +643,9 @@ _EPI_BIAS, _EPI_GELU_BIAS, _EPI_BGRAD, _EPI_GELU = 1, 2, 3, 4
 
 def linear(x: CudaArray, w: CudaArray, b, activation: str | None):
     """x (N, I) @ w (O, I)^T + b (O,) -> out (N, O), then the activation ("gelu" or None); returns
-    (out, pre), pre the pre-activation (None without one). Bias and GELU run in cuBLASLt's epilogue
-    (the GELU one also writes pre), so neither costs a pass over the output; where cuBLASLt offers no
-    such epilogue the unfused ops run instead."""
+    (out, pre), pre the pre-activation (None without one). The bias runs in cuBLASLt's epilogue, and
+    in bf16 the GELU too (writing pre beside out), so neither costs a pass over the output; where
+    cuBLASLt offers no such epilogue the unfused ops run instead."""
     if activation not in (None, "gelu"):
         raise ValueError(f"linear: unknown activation {activation!r} (only 'gelu')")
     dev = _same_device("linear", x, w, *([b] if b is not None else []))
@@ -655,16 +655,22 @@ def linear(x: CudaArray, w: CudaArray, b, activation: str | None):
     (N, I), O = x.shape, w.shape[0]
     if activation is None and b is None:
         return matmul(x, w, transpose_b=True), None
-    out = _empty((N, O), x.dtype, dev)
-    pre = _empty((N, O), x.dtype, dev) if activation else None
-    epi = _EPI_BIAS if activation is None else (_EPI_GELU_BIAS if b is not None else _EPI_GELU)
-    if x.dtype in (float32, bfloat16) and _C.matmul_epilogue(
-            dev, _CODE[x.dtype], epi, out.ptr, x.ptr, w.ptr, N, O, I, False, True,
-            b.ptr if b is not None else 0, pre.ptr if pre is not None else 0):
-        return out, pre
-    y = matmul(x, w, transpose_b=True)
-    if b is not None:
-        y = binary("add", y, b)
+    if activation is not None and x.dtype is bfloat16:
+        # cuBLASLt's GELU (a fast tanh, ~5e-4 relative) is exact to bf16's rounding, not to float32's:
+        # float32 takes the bias epilogue and engine's own GELU kernel
+        out, pre = _empty((N, O), x.dtype, dev), _empty((N, O), x.dtype, dev)
+        if _C.matmul_epilogue(dev, _CODE[x.dtype], _EPI_GELU_BIAS if b is not None else _EPI_GELU, out.ptr, x.ptr,
+                              w.ptr, N, O, I, False, True, b.ptr if b is not None else 0, pre.ptr):
+            return out, pre
+    y = None
+    if b is not None and x.dtype in (float32, bfloat16):
+        y = _empty((N, O), x.dtype, dev)
+        if not _C.matmul_epilogue(dev, _CODE[x.dtype], _EPI_BIAS, y.ptr, x.ptr, w.ptr, N, O, I, False, True, b.ptr, 0):
+            y = None
+    if y is None:
+        y = matmul(x, w, transpose_b=True)
+        if b is not None:
+            y = binary("add", y, b)
     return (y, None) if activation is None else (unary("gelu", y), y)
 
 
