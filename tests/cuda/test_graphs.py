@@ -114,13 +114,13 @@ def test_captured_gpt_step_matches_eager_within_fp32():
     # The atomics in the embedding, layer-norm and attention backward make even two eager runs differ
     # in the last bits, and AdamW's normalisation turns that into visible differences of elements whose
     # gradient is ~0. So the trajectories are compared as a whole: the graph run must land where the
-    # eager run did, to within 1% of how far the six steps moved the weights (a wrong lr, a step
-    # count off by one or a stale input would be off by tens of percent).
+    # eager run did, to within 2% of how far the six steps moved the weights (measured: 0.5 to 1.02%;
+    # a wrong lr, a step count off by one or a stale input would be off by tens of percent).
     engine.manual_seed(0)
     w_init = _weights(GPT(cfg))
     moved = np.sqrt(sum(((a - i) ** 2).sum() for a, i in zip(w0, w_init)))
     apart = np.sqrt(sum(((b - a) ** 2).sum() for a, b in zip(w0, w1)))
-    assert apart < 0.01 * moved, f"graph run is {apart:.3g} from the eager run, which moved {moved:.3g}"
+    assert apart < 0.02 * moved, f"graph run is {apart:.3g} from the eager run, which moved {moved:.3g}"
 
 
 def test_dropout_masks_differ_between_replays():
