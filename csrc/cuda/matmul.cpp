@@ -9,8 +9,7 @@
 // Epilogues fold the Linear layer's bias and GELU into the GEMM (no extra pass over the output):
 // BIAS c = a b + bias; GELU_BIAS c = gelu(a b + bias) with the pre-activation written to aux (the
 // backward's input); BGRAD c = a b and bias = row sums of op(a) (the bias gradient, from the weight
-// gradient's GEMM); DGELU_BGRAD c = gelu'(aux) * (a b) and bias = column sums of c (the GELU's
-// backward and its layer's bias gradient, in the GEMM that makes the GELU's output gradient). In cuBLAS terms our output columns are its rows, so our bias (N,) is its
+// gradient's GEMM). In cuBLAS terms our output columns are its rows, so our bias (N,) is its
 // per-row bias (EPILOGUE_BIAS), and our op(a)'s rows are its B's columns (EPILOGUE_BGRADB).
 #include <cublasLt.h>
 
@@ -58,7 +57,6 @@ cublasLtEpilogue_t lt_epilogue(int e) {
         case EPI_GELU_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
         case EPI_GELU: return CUBLASLT_EPILOGUE_GELU_AUX;
         case EPI_BGRAD: return CUBLASLT_EPILOGUE_BGRADB;
-        case EPI_DGELU_BGRAD: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
         default: return CUBLASLT_EPILOGUE_DEFAULT;
     }
 }
@@ -115,7 +113,7 @@ Plan make_plan(DeviceLt& d, const Key& k) {
         cudaDataType_t bias_t = dt;  // bias (and its gradient) in the output's type
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof(bias_t)),
                  "epilogue");
-        if (k.epilogue == EPI_GELU_BIAS || k.epilogue == EPI_GELU || k.epilogue == EPI_DGELU_BGRAD) {
+        if (k.epilogue == EPI_GELU_BIAS || k.epilogue == EPI_GELU) {
             int64_t aux_ld = k.N;  // aux is (M, N) row-major like c
             check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
                      "epilogue");
@@ -223,10 +221,8 @@ bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a
                      int64_t K, bool trans_a, bool trans_b, void* bias, void* aux) {
     if (dtype != F32 && dtype != BF16) return false;
     if (M == 0 || N == 0 || K == 0) return false;
-    if (epilogue < EPI_BIAS || epilogue > EPI_DGELU_BGRAD)
-        throw std::invalid_argument("matmul_epilogue: unknown epilogue");
-    const bool uses_aux = epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU || epilogue == EPI_DGELU_BGRAD;
-    if (uses_aux && (aux == nullptr || N % 8 != 0)) return false;
+    if (epilogue < EPI_BIAS || epilogue > EPI_GELU) throw std::invalid_argument("matmul_epilogue: unknown epilogue");
+    if ((epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU) && (aux == nullptr || N % 8 != 0)) return false;
     use_device(device);
     std::lock_guard<std::mutex> lock(g_mutex);
     DeviceLt& d = lt(device);
@@ -235,7 +231,7 @@ bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a
     if (epilogue != EPI_GELU)
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                  "epilogue");
-    if (uses_aux)
+    if (epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU)
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
                  "epilogue");
     run_plan(d, p, device, dtype, c, a, b);

@@ -75,10 +75,9 @@ void sgd(int device, const std::vector<float*>& p, const std::vector<float*>& g,
 void matmul(int device, int dtype, void* c, const void* a, const void* b, int64_t batch, int64_t M, int64_t N,
             int64_t K, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b, int64_t stride_c);
 // The same GEMM (no batch) with an epilogue of the Linear layer (matmul.cpp's header says what each
-// does): c (M, N); bias (N,) for BIAS / GELU_BIAS, (M,) written for BGRAD, (N,) written for
-// DGELU_BGRAD; aux (M, N) written for GELU_BIAS / GELU, read for DGELU_BGRAD. Returns false, doing
-// nothing, where cuBLASLt offers no algorithm for it.
-enum MatmulEpilogue { EPI_NONE = 0, EPI_BIAS = 1, EPI_GELU_BIAS = 2, EPI_BGRAD = 3, EPI_GELU = 4, EPI_DGELU_BGRAD = 5 };
+// does): c (M, N); bias (N,) for BIAS / GELU_BIAS, (M,) written for BGRAD; aux (M, N) written for
+// GELU_BIAS / GELU. Returns false, doing nothing, where cuBLASLt offers no algorithm for it.
+enum MatmulEpilogue { EPI_NONE = 0, EPI_BIAS = 1, EPI_GELU_BIAS = 2, EPI_BGRAD = 3, EPI_GELU = 4 };
 bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a, const void* b, int64_t M, int64_t N,
                      int64_t K, bool trans_a, bool trans_b, void* bias, void* aux);
 void set_allow_tf32(bool allow);

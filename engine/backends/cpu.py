@@ -245,13 +245,6 @@ def linear_backward(grad: Array, x: Array, w: Array, pre, activation: str | None
     return dx, dw, db
 
 
-def linear_grad_through_gelu(grad: Array, w: Array, pre: Array):
-    """grad (N, O) of linear(gelu(pre), w)'s output -> the gradient at pre, gelu'(pre) * (grad @ w)
-    (N, I), and its column sums (I,): the bias gradient of the layer that made pre."""
-    dpre = gelu_backward(pre, matmul(grad, w))
-    return dpre, dpre.sum(axis=0, dtype=dpre.dtype)
-
-
 # ---- normalisation, softmax, losses -----------------------------------------------------------
 
 def layer_norm(x: Array, weight, bias, eps: float):

@@ -638,7 +638,7 @@ def matmul(a: CudaArray, b: CudaArray, transpose_a: bool = False, transpose_b: b
     return out
 
 
-_EPI_BIAS, _EPI_GELU_BIAS, _EPI_BGRAD, _EPI_GELU, _EPI_DGELU_BGRAD = 1, 2, 3, 4, 5
+_EPI_BIAS, _EPI_GELU_BIAS, _EPI_BGRAD, _EPI_GELU = 1, 2, 3, 4
 
 
 def linear(x: CudaArray, w: CudaArray, b, activation: str | None):
@@ -694,22 +694,6 @@ def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation
     if need[2] and db is None:
         db = sum(grad, (0,), False)
     return dx, dw, db
-
-
-def linear_grad_through_gelu(grad: CudaArray, w: CudaArray, pre: CudaArray):
-    """grad (N, O) of linear(gelu(pre), w)'s output -> the gradient at pre, gelu'(pre) * (grad @ w)
-    (N, I), and its column sums (I,): the bias gradient of the layer that made pre. In bf16 both come
-    out of the GEMM's epilogue (cuBLASLt DGELU_BGRAD); float32 runs engine's exact GELU backward."""
-    if grad.dtype is not w.dtype:
-        grad = astype(grad, w.dtype)
-    (N, O), I = grad.shape, w.shape[1]
-    if w.dtype is bfloat16 and pre.dtype is bfloat16:
-        dpre, db = _empty((N, I), bfloat16, w.device), _empty((I,), bfloat16, w.device)
-        if _C.matmul_epilogue(w.device, _CODE[bfloat16], _EPI_DGELU_BGRAD, dpre.ptr, grad.ptr, w.ptr, N, I, O, False,
-                              False, db.ptr, pre.ptr):
-            return dpre, db
-    dpre = gelu_backward(pre, matmul(grad, w))
-    return dpre, sum(dpre, (0,), False)
 
 
 # ---- normalisation, softmax, losses -----------------------------------------------------------

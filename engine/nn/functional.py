@@ -11,7 +11,6 @@ from ..ops import elementwise as E
 from ..ops import nn as N
 from ..ops.attention import Attention as _Attention, AttentionQKV as _AttentionQKV
 from ..ops.matmul import Linear as _Linear
-from ..ops.mlp import MLP as _MLP
 from ..random import next_seed
 from ..tensor import Tensor, tensor, where
 
@@ -31,21 +30,6 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
         bias = bias.type(dt) if bias is not None else None
     args = (x, weight) if bias is None else (x, weight, bias)
     return _Linear.apply(*args, activation=activation)
-
-
-def mlp(x: Tensor, w1: Tensor, b1: Tensor | None, w2: Tensor, b2: Tensor | None) -> Tensor:
-    """The transformer's MLP, linear(gelu(linear(x, w1, b1)), w2, b2), as one op: x (..., C), w1 (H, C),
-    w2 (C, H) -> (..., C). The same values as the three calls; on the GPU in bf16 the GELU's backward
-    and the first bias's gradient run inside a matmul's epilogue."""
-    if x.shape[-1] != w1.shape[-1] or w2.shape[-1] != w1.shape[0]:
-        raise ValueError(f"mlp: shapes do not fit: x {x.shape}, w1 {w1.shape}, w2 {w2.shape} "
-                         "(need x (..., C), w1 (H, C), w2 (C_out, H))")
-    dt = _autocast_dtype(x)
-    if dt is not None:  # bf16 operands, float32 master weights (as linear)
-        x, w1, w2 = x.type(dt), w1.type(dt), w2.type(dt)
-        b1 = b1.type(dt) if b1 is not None else None
-        b2 = b2.type(dt) if b2 is not None else None
-    return _MLP.apply(x, w1, b1, w2, b2)
 
 
 def relu(x: Tensor) -> Tensor:

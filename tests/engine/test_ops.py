@@ -64,12 +64,6 @@ CASES = {
     "linear_gelu_no_bias": (lambda x, w: F.linear(x, w, activation="gelu"),
                             (lambda x, w: TF.gelu(TF.linear(x, w), approximate="tanh")) if TF else None,
                             [(3, 4), (8, 4)], None),
-    "mlp": (lambda x, w1, b1, w2, b2: F.mlp(x, w1, b1, w2, b2),
-            (lambda x, w1, b1, w2, b2: TF.linear(TF.gelu(TF.linear(x, w1, b1), approximate="tanh"), w2, b2))
-            if TF else None, [(2, 3, 4), (8, 4), (8,), (5, 8), (5,)], None),
-    "mlp_no_bias": (lambda x, w1, w2: F.mlp(x, w1, None, w2, None),
-                    (lambda x, w1, w2: TF.linear(TF.gelu(TF.linear(x, w1), approximate="tanh"), w2)) if TF else None,
-                    [(3, 4), (8, 4), (4, 8)], None),
     "reshape_permute": (lambda a: a.reshape(4, 6).transpose(0, 1).reshape(2, 12).permute(1, 0),
                         lambda a: a.reshape(4, 6).transpose(0, 1).reshape(2, 12).permute(1, 0), [(2, 3, 4)], None),
     "getitem_slices": (lambda a: a[:, 1:3, ::2] * a[0, -1, None, ::2], lambda a: a[:, 1:3, ::2] * a[0, -1, None, ::2], [(3, 4, 5)], None),
