@@ -23,10 +23,20 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def _tf32_set_to(allow: bool):
+    prev = engine.cuda.allow_tf32()
+    engine.cuda.set_allow_tf32(allow)
+    yield
+    engine.cuda.set_allow_tf32(prev)
+
+
 @pytest.fixture
 def no_tf32():
     """Full float32 matmuls while a test compares against the CPU backend."""
-    prev = engine.cuda.allow_tf32()
-    engine.cuda.set_allow_tf32(False)
-    yield
-    engine.cuda.set_allow_tf32(prev)
+    yield from _tf32_set_to(False)
+
+
+@pytest.fixture
+def tf32():
+    """TF32 matmuls on (the fused float32 dropout attention; with TF32 off the unfused path runs)."""
+    yield from _tf32_set_to(True)

@@ -54,15 +54,6 @@ def _key(rng) -> int:
     return int(gpu.to_numpy(rng).view(np.uint64)[0])
 
 
-@pytest.fixture
-def tf32():
-    """TF32 matmuls on: the fused float32 dropout kernel (with TF32 off the unfused path runs)."""
-    prev = engine.cuda.allow_tf32()
-    engine.cuda.set_allow_tf32(True)
-    yield
-    engine.cuda.set_allow_tf32(prev)
-
-
 def _inputs(shapes, dtype, seed):
     rng = np.random.default_rng(seed)
     arrs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
