@@ -2,7 +2,7 @@
 
 - the numpy Philox4x32-10 (engine/backends/philox.py) against Random123's known answers and a
   scalar re-implementation, and the keep rule's counter / 16-bit lane layout (the CUDA kernels
-  follow the same rule: tests/cuda/test_attention_dropout.py checks they agree element for element);
+  follow the same rule: tests/cuda/test_attention_dropout_gpu.py checks they agree element for element);
 - the mask: keep fraction, values, determinism per seed;
 - dropout attention forward and backward against the composite softmax(q k^T scale) * Z @ v with
   the materialised mask Z (float64, to 1e-12), finite differences, and PyTorch when installed.
