@@ -85,8 +85,9 @@ def bench_engine(name: str, steps: int, warmup: int, profile: bool = False, mode
     return out
 
 
-def _profile(step, n: int, top: int = 25) -> list:
-    """The kernels taking the most GPU time over `n` steps (torch.profiler sees every kernel of the process)."""
+def _profile(step, n: int, top: int = 25, sync=None) -> list:
+    """The kernels taking the most GPU time over `n` steps (torch.profiler sees every kernel of the process);
+    `sync` waits for the GPU (default: engine's)."""
     try:
         import torch
         from torch.profiler import ProfilerActivity, profile
@@ -98,7 +99,7 @@ def _profile(step, n: int, top: int = 25) -> list:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(n):
                 step()
-            engine.cuda.synchronize()
+            (sync or engine.cuda.synchronize)()
     except Exception as e:  # a CPU-only torch has no CUDA activity
         return [dict(error=repr(e)[:200])]
     rows = []
@@ -123,7 +124,7 @@ def torch_model(c: dict):
     return TorchGPT(c["V"], c["T"], c["L"], c["H"], c["D"])
 
 
-def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32") -> dict:
+def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32", profile: bool = False) -> dict:
     import contextlib
 
     import torch
@@ -162,6 +163,8 @@ def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32") ->
                ms_per_step=round(dt * 1e3, 3), tokens_per_s=round(toks),
                tflops=round(_flops_per_token(nparams, c) * toks / 1e12, 2),
                peak_mem_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2))
+    if profile:
+        out["profile_top_kernels"] = _profile(step, 3, sync=torch.cuda.synchronize)
     del m, opt, fwd
     torch.cuda.empty_cache()
     return out
@@ -177,7 +180,7 @@ def main(argv=None) -> int:
     ap.add_argument("--torch-modes", nargs="+", default=["eager_fp32", "eager_bf16", "compile_bf16"],
                     choices=["eager_fp32", "eager_bf16", "compile_bf16"])
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
-    ap.add_argument("--profile", action="store_true", help="add engine's top kernels by GPU time (needs torch)")
+    ap.add_argument("--profile", action="store_true", help="add the top kernels by GPU time of each mode (needs torch)")
     args = ap.parse_args(argv)
 
     import engine
@@ -205,7 +208,7 @@ def main(argv=None) -> int:
             engine.cuda.empty_cache()
         for mode in (args.torch_modes if have_torch else []):
             try:
-                ref = bench_torch(name, args.steps, args.warmup, mode)
+                ref = bench_torch(name, args.steps, args.warmup, mode, args.profile)
             except Exception as e:
                 ref = dict(config=name, impl="torch", mode=mode, error=repr(e)[:500])
             print(json.dumps(ref), flush=True)

@@ -105,6 +105,18 @@ __device__ __forceinline__ void to_a_frags(uint32_t (&a)[4][4], const float (&p)
 // ---- forward ------------------------------------------------------------------------------------
 
 // grid (ceil(T / 64), B * H); a warp owns 16 queries; K/V tiles of 64 keys double-buffered.
+// Blocks start in blockIdx order, and under a causal mask their work differs: a query tile sees
+// more keys the later it is, a key tile more queries the earlier it is. A 1-D grid enumerates
+// (batch, tile rank, head), head fastest, and rank 0 is the heaviest tile, so each batch element's
+// blocks go heaviest first and the grid ends on light blocks instead of a long straggler.
+struct TileOrder {
+    int tile, bh;
+};
+__device__ __forceinline__ TileOrder tile_order(int tiles, int H, bool heavy_last) {
+    const int per_b = tiles * H, r = blockIdx.x % per_b, rank = r / H;
+    return {heavy_last ? tiles - 1 - rank : rank, (int)(blockIdx.x / per_b) * H + r % H};
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 2) fwd_kernel(bf16* __restrict__ o, float* __restrict__ lse,
                                                        const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -117,8 +129,9 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 2) fwd_kernel(bf16* __
     bf16* sK = sQ + BR * LD;  // [2][BC][LD]
     bf16* sV = sK + 2 * BC * LD;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int q0 = blockIdx.x * BR;
+    const TileOrder at = tile_order((Tq + BR - 1) / BR, H, /*heavy_last=*/true);
+    const int bh = at.bh, b = bh / H, h = bh % H;
+    const int q0 = at.tile * BR;
     const bf16* qb = q + b * lq.sb + h * lq.sh;
     const bf16* kb = k + b * lk.sb + h * lk.sh;
     const bf16* vb = v + b * lv.sb + h * lv.sh;
@@ -268,8 +281,9 @@ __global__ void __launch_bounds__(kThreadsB) bwd_kernel(bf16* __restrict__ dk, b
     float* sLse2 = reinterpret_cast<float*>(sdS + BK * LDS);  // [2][BR]
     float* sDelta2 = sLse2 + 2 * BR;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int k0 = blockIdx.x * BK;
+    const TileOrder at = tile_order((S + BK - 1) / BK, H, /*heavy_last=*/false);
+    const int bh = at.bh, b = bh / H, h = bh % H;
+    const int k0 = at.tile * BK;
     const int off = S - Tq;
     const bf16* qb = q + b * lq.sb + h * lq.sh;
     const bf16* dob = dout + b * lo.sb + h * lo.sh;
@@ -438,7 +452,7 @@ void forward_d(cudaStream_t st, void* o, float* lse, const void* q, const void* 
                AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
     int bytes = (BR + 4 * BC) * (D + 8) * (int)sizeof(bf16);
     set_smem(fwd_kernel<D>, bytes, "attention");
-    dim3 grid((unsigned)ceil_div(T, BR), (unsigned)(B * H));
+    unsigned grid = (unsigned)(ceil_div(T, BR) * B * H);  // see tile_order
     fwd_kernel<D><<<grid, kThreads, bytes, st>>>((bf16*)o, lse, (const bf16*)q, (const bf16*)k, (const bf16*)v, lq, lk,
                                                  lv, lo, H, T, S, causal, scale * kLog2e);
 }
@@ -449,7 +463,7 @@ void backward_d(cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* 
                 AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
     int bytes = (2 * BK + 4 * BR) * (D + 8) * (int)sizeof(bf16) + BK * (BR + 8) * (int)sizeof(bf16) + 4 * BR * 4;
     set_smem(bwd_kernel<D>, bytes, "attention_backward");
-    dim3 grid((unsigned)ceil_div(S, BK), (unsigned)(B * H));
+    unsigned grid = (unsigned)(ceil_div(S, BK) * B * H);  // see tile_order
     bwd_kernel<D><<<grid, kThreadsB, bytes, st>>>((bf16*)dk, (bf16*)dv, dq_acc, (const bf16*)dout, (const bf16*)q,
                                                  (const bf16*)k, (const bf16*)v, lse, delta, lq, lk, lv, lo, H, T, S,
                                                  causal, scale, scale * kLog2e);

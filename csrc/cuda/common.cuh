@@ -54,7 +54,35 @@ __device__ T block_max(T v, T* shared, T lowest) {
     return warp_max(r);
 }
 
+// part (P, C) float32 -> out (C,) of T: column sums of per-block partials (layer-norm weight and bias
+// gradients, Linear bias gradients). Block (32, 32): 32 columns, each summed by 32 threads
+// (rows y, y + 32, ...) and then across them in shared memory
+template <typename T>
+__global__ void sum_parts_kernel(T* __restrict__ out, const float* __restrict__ part, int P, int C) {
+    __shared__ float acc[32][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.f;
+    if (c < C)
+#pragma unroll 4
+        for (int p = threadIdx.y; p < P; p += 32) s += part[(int64_t)p * C + c];
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float total = 0.f;
+#pragma unroll 8
+        for (int y = 0; y < 32; ++y) total += acc[y][threadIdx.x];
+        out[c] = static_cast<T>(total);
+    }
+}
+
 // --- numeric helpers ------------------------------------------------------------------------------
+
+// d gelu_tanh(x) / dx in float32 (the GELU backward of the bf16 and fused kernels)
+__device__ __forceinline__ float gelu_grad(float x) {
+    const float c = 0.7978845608028654f, a = 0.044715f;
+    float t = tanhf(c * (x + a * x * x * x));
+    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * c * (1.f + 3.f * a * x * x);
+}
 
 template <typename T> struct Num;
 template <> struct Num<float> {

@@ -588,6 +588,10 @@ void where(int device, int dtype, void* out, const void* cond, const void* a, co
 void astype(int device, int src, int dst, void* out, const void* x, int64_t n) {
     if (n == 0) return;
     use_device(device);
+    if (cast_bf16_vec(device, src, dst, out, x, n)) {
+        check_launch("astype");
+        return;
+    }
     switch (src) {
         case F32: astype_from<float>(device, dst, out, x, n); break;
         case F64: astype_from<double>(device, dst, out, x, n); break;

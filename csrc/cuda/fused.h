@@ -45,8 +45,17 @@ void binary_bf16(int device, int op, void* out, const void* a, const void* b, do
                  const Strided& s, int64_t n);
 void unary_bf16(int device, int op, void* out, const void* x, int64_t n);
 void act_backward_bf16(int device, int op, void* dx, const void* x, const void* g, int64_t n);
+// float32 <-> bf16 cast, 8 per thread; false (nothing launched) unless n % 8 == 0 and 16-byte aligned
+bool cast_bf16_vec(int device, int src, int dst, void* out, const void* x, int64_t n);
 void where_bf16(int device, void* out, const void* cond, const void* a, const void* b, double sa, double sb, bool as,
                 bool bs, const Strided& s, int64_t n);
+
+// bias_grad.cu: the Linear bias gradient db (O,) = column sums of g (N, O), dtype F32 or BF16 (db,
+// dpre, pre of the same dtype; float32 sums). With pre: the GELU backward first, dpre = gelu'(pre) * g
+// written out, and db its column sums. False (nothing launched) unless O is a multiple of 16 bytes of
+// the dtype and the pointers are 16-byte aligned.
+bool linear_bias_grad(int device, int dtype, void* db, void* dpre, const void* g, const void* pre, int64_t N,
+                      int64_t O);
 
 // layernorm.cu: layer_norm over the last axis with x / out / dout / dx of `dtype` (F32 or BF16);
 // weights, biases, mean, rstd and the weight gradients are float32 (statistics in float32).

@@ -161,25 +161,6 @@ __global__ void layernorm_backward_wide_kernel(T* __restrict__ dx, float* __rest
         }
 }
 
-// part (P, C) -> out (C,): column sums. Block (32, 32): 32 columns, each summed by 32 threads
-// (rows y, y + 32, ...) and then across them in shared memory
-__global__ void sum_parts_kernel(float* __restrict__ out, const float* __restrict__ part, int P, int C) {
-    __shared__ float acc[32][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    float s = 0.f;
-    if (c < C)
-#pragma unroll 4
-        for (int p = threadIdx.y; p < P; p += 32) s += part[(int64_t)p * C + c];
-    acc[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float total = 0.f;
-#pragma unroll 8
-        for (int y = 0; y < 32; ++y) total += acc[y][threadIdx.x];
-        out[c] = total;
-    }
-}
-
 template <typename T>
 void layernorm_forward_typed(int device, T* out, float* mean, float* rstd, const T* x, const float* w,
                              const float* b, int64_t N, int64_t C, float eps) {

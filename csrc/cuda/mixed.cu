@@ -120,12 +120,6 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
 }
 
-__device__ __forceinline__ float gelu_grad(float x) {
-    const float c = 0.7978845608028654f, a = 0.044715f;
-    float t = tanhf(c * (x + a * x * x * x));
-    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * c * (1.f + 3.f * a * x * x);
-}
-
 template <int OP>
 __device__ __forceinline__ float uop(float x) {
     if constexpr (OP == NEG) return -x;
@@ -173,6 +167,31 @@ __global__ void act_backward_kernel(bf16* __restrict__ dx, const bf16* __restric
     for (int64_t i = nvec * 8 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         float xx = __bfloat162float(x[i]), gg = __bfloat162float(g[i]);
         dx[i] = __float2bfloat16(OP == RELU ? (xx > 0.f ? gg : 0.f) : gg * gelu_grad(xx));
+    }
+}
+
+// float32 <-> bf16, 8 elements per thread (16 bytes of bf16, 32 of float32): the autocast casts of
+// the weights (forward) and of their gradients (backward). n % 8 == 0, 16-byte aligned pointers.
+__global__ void f32_to_bf16_kernel(B8* __restrict__ out, const float4* __restrict__ x, int64_t nvec) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+        float4 a = x[2 * i], b = x[2 * i + 1];
+        B8 r;
+        r.v[0] = __float2bfloat16(a.x), r.v[1] = __float2bfloat16(a.y), r.v[2] = __float2bfloat16(a.z);
+        r.v[3] = __float2bfloat16(a.w), r.v[4] = __float2bfloat16(b.x), r.v[5] = __float2bfloat16(b.y);
+        r.v[6] = __float2bfloat16(b.z), r.v[7] = __float2bfloat16(b.w);
+        out[i] = r;
+    }
+}
+
+__global__ void bf16_to_f32_kernel(float4* __restrict__ out, const B8* __restrict__ x, int64_t nvec) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride) {
+        B8 v = x[i];
+        out[2 * i] = make_float4(__bfloat162float(v.v[0]), __bfloat162float(v.v[1]), __bfloat162float(v.v[2]),
+                                 __bfloat162float(v.v[3]));
+        out[2 * i + 1] = make_float4(__bfloat162float(v.v[4]), __bfloat162float(v.v[5]), __bfloat162float(v.v[6]),
+                                     __bfloat162float(v.v[7]));
     }
 }
 
@@ -247,6 +266,18 @@ void act_backward_bf16(int device, int op, void* dx, const void* x, const void* 
         act_backward_kernel<RELU><<<grid, kThreads, 0, st>>>((bf16*)dx, (const bf16*)x, (const bf16*)g, n, vec);
     else
         act_backward_kernel<GELU><<<grid, kThreads, 0, st>>>((bf16*)dx, (const bf16*)x, (const bf16*)g, n, vec);
+}
+
+bool cast_bf16_vec(int device, int src, int dst, void* out, const void* x, int64_t n) {
+    if (n % 8 != 0 || !aligned16(out) || !aligned16(x)) return false;
+    int64_t nvec = n / 8;
+    unsigned int grid = blocks_for(nvec, kThreads);
+    if (src == F32 && dst == BF16)
+        f32_to_bf16_kernel<<<grid, kThreads, 0, stream(device)>>>((B8*)out, (const float4*)x, nvec);
+    else if (src == BF16 && dst == F32)
+        bf16_to_f32_kernel<<<grid, kThreads, 0, stream(device)>>>((float4*)out, (const B8*)x, nvec);
+    else return false;
+    return true;
 }
 
 void where_bf16(int device, void* out, const void* cond, const void* a, const void* b, double sa, double sb, bool as,

@@ -674,16 +674,30 @@ def linear(x: CudaArray, w: CudaArray, b, activation: str | None):
     return (y, None) if activation is None else (unary("gelu", y), y)
 
 
+def _bias_grad(g: CudaArray, pre=None):
+    """db (O,) = column sums of g (N, O); with pre, the GELU backward first, dpre = gelu'(pre) * g, in
+    the same pass. -> (db, dpre or None), or (None, None) where the kernel does not apply (float64, a
+    width not a multiple of 16 bytes, unaligned data)."""
+    db = _empty((g.shape[1],), g.dtype, g.device)
+    dpre = _empty(pre.shape, pre.dtype, pre.device) if pre is not None else None
+    if _C.linear_bias_grad(g.device, _CODE[g.dtype], db.ptr, dpre.ptr if dpre is not None else 0, g.ptr,
+                           pre.ptr if pre is not None else 0, *g.shape):
+        return db, dpre
+    return None, None
+
+
 def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation: str | None, need: tuple):
     """grad (N, O) of linear's out -> dx (N, I), dw (O, I), db (O,); None where `need` (x, w, b) is
-    False. The bias gradient comes out of the weight gradient's GEMM (cuBLASLt's BGRADB epilogue)."""
+    False. The bias gradient is engine's column-sum kernel, which also runs the GELU backward in the
+    same pass; cuBLASLt's BGRADB epilogue (a separate pass too) is the fallback where it does not apply."""
     if grad.dtype is not x.dtype:
         grad = astype(grad, x.dtype)
+    db, dpre = _bias_grad(grad, pre if activation is not None else None) if need[2] else (None, None)
     if activation is not None:
-        grad = gelu_backward(pre, grad)
+        grad = dpre if dpre is not None else gelu_backward(pre, grad)
     dx = matmul(grad, w) if need[0] else None
-    dw = db = None
-    if need[1] and need[2] and x.dtype in (float32, bfloat16):
+    dw = None
+    if need[1] and need[2] and db is None and x.dtype in (float32, bfloat16):
         (N, O), I = grad.shape, x.shape[1]
         dw, db = _empty((O, I), x.dtype, x.device), _empty((O,), x.dtype, x.device)
         if not _C.matmul_epilogue(x.device, _CODE[x.dtype], _EPI_BGRAD, dw.ptr, grad.ptr, x.ptr, O, I, N, True, False,

@@ -1,5 +1,6 @@
-"""The Linear layer's fused GEMM epilogues (bias, GELU with the pre-activation kept, bias gradient
-from the weight gradient's GEMM) against the unfused ops, forward and backward, float32 and bf16.
+"""The Linear layer's fused GEMM epilogues (bias, GELU with the pre-activation kept) and its bias
+gradient (engine's column-sum kernel, fused with the GELU backward; cuBLASLt's BGRADB epilogue where
+the kernel does not apply) against the unfused ops, forward and backward, float32 and bf16.
 
 float32 runs with TF32 off and is compared with the CPU backend's unfused reference at rtol 1e-4 and
 an atol of 2e-6 of the largest value (dw and db sum hundreds of rows, in another order than numpy); bf16 is compared with float32 on bf16-rounded inputs at 2e-2 of the largest value."""
@@ -120,3 +121,48 @@ def test_bf16_gelu_epilogue_within_bf16_rounding():
     got = gpu.to_numpy(gpu.astype(out, engine.float32))
     np.testing.assert_allclose(got, want, rtol=8e-3, atol=1e-3)
 
+
+
+# (N, O): rows summed (chunked over blocks: many, a few, fewer than a block's 8 row lanes) and widths
+# (one partial column strip; several strips)
+BIAS_GRAD_SHAPES = [(5000, 768), (300, 136), (3, 64), (1, 8)]
+
+
+@pytest.mark.parametrize("gelu", [False, True])
+@pytest.mark.parametrize("shape", BIAS_GRAD_SHAPES)
+@pytest.mark.parametrize("dtype", [engine.float32, BF])
+def test_bias_grad_kernel_matches_column_sums(dtype, shape, gelu):
+    """db = column sums of g (after the GELU backward when fused), summed in float32: against float64
+    numpy on the same (bf16-rounded) inputs; dpre against engine's GELU backward kernel."""
+    N, O = shape
+    g = gpu.astype(gpu.from_numpy(rng.standard_normal((N, O)).astype(np.float32)), dtype)
+    pre = gpu.astype(gpu.from_numpy(rng.standard_normal((N, O)).astype(np.float32)), dtype) if gelu else None
+    db, dpre = gpu._bias_grad(g, pre)
+    assert db is not None and db.dtype is dtype and db.shape == (O,)
+    if gelu:
+        want_dpre = gpu.gelu_backward(pre, g)  # engine's unfused kernel, same dtype
+        tol = 1e-6 if dtype is engine.float32 else 1e-2
+        np.testing.assert_allclose(gpu.to_numpy(gpu.astype(dpre, engine.float32)),
+                                   gpu.to_numpy(gpu.astype(want_dpre, engine.float32)), rtol=tol, atol=tol)
+        summed = gpu.to_numpy(gpu.astype(want_dpre, engine.float32)).astype(np.float64)
+    else:
+        assert dpre is None
+        summed = gpu.to_numpy(gpu.astype(g, engine.float32)).astype(np.float64)
+    want = summed.sum(0)
+    got = gpu.to_numpy(gpu.astype(db, engine.float32))
+    # float32 sums; bf16: the result rounded to bf16, and the fused sums use the unrounded dpre
+    tol = (1e-5 if dtype is engine.float32 else 1e-2) * max(1.0, np.max(np.abs(want)))
+    np.testing.assert_allclose(got, want, atol=tol, rtol=1e-5 if dtype is engine.float32 else 1e-2)
+
+
+def test_bias_grad_falls_back_on_odd_widths(no_tf32):
+    """A bf16 width that is not a multiple of 8 (16 bytes) is refused by the kernel; linear_backward
+    then takes cuBLASLt's BGRADB epilogue or the column sum, with the same result."""
+    N, I, O = 40, 16, 12
+    g = gpu.astype(gpu.from_numpy(rng.standard_normal((N, O)).astype(np.float32)), BF)
+    assert gpu._bias_grad(g) == (None, None)
+    x, w, _, _ = _inputs(N, I, O)
+    xb, wb = (gpu.astype(a, BF) for a in _dev(x, w))
+    _, _, db = gpu.linear_backward(g, xb, wb, None, None, (False, True, True))
+    want = gpu.to_numpy(gpu.astype(g, engine.float32)).astype(np.float64).sum(0)
+    np.testing.assert_allclose(gpu.to_numpy(gpu.astype(db, engine.float32)), want, rtol=1e-2, atol=1e-2)
