@@ -71,6 +71,14 @@ void bind_fused(py::module_& m) {
         cross_entropy_backward_dt(device, dtype, P(dlogits), P(logits), P<const int64_t>(targets), P<const float>(lse),
                                   P<const float>(g), N, V, ignore_index);
     });
+    m.def("cross_entropy_with_grad_dt", [](int device, int dtype, addr losses, addr logits, addr targets, int64_t N,
+                                           int64_t V, int64_t ignore_index) {
+        cross_entropy_with_grad_dt(device, dtype, P<float>(losses), P(logits), P<const int64_t>(targets), N, V,
+                                   ignore_index);
+    });
+    m.def("scale_dt", [](int device, int dtype, addr out, addr x, addr factor, int64_t n) {
+        scale_dt(device, dtype, P(out), P(x), P<const float>(factor), n);
+    });
 }
 
 }  // namespace engine

@@ -70,5 +70,12 @@ void cross_entropy_forward_dt(int device, int dtype, float* losses, float* lse, 
                               const int64_t* targets, int64_t N, int64_t V, int64_t ignore_index);
 void cross_entropy_backward_dt(int device, int dtype, void* dlogits, const void* logits, const int64_t* targets,
                                const float* lse, const float* g, int64_t N, int64_t V, int64_t ignore_index);
+// The fused classifier: logits (N, V) float32 or bf16, overwritten in place by softmax - onehot(target),
+// the gradient of sum(losses) (0 on ignored rows); losses (N,) float32 (0 where ignored, NaN for a
+// target out of range). And its backward's scale: out (n,) = x (n,) * factor[0] (a float32 on the
+// device), float32 arithmetic, F32 or BF16 storage; out may be x.
+void cross_entropy_with_grad_dt(int device, int dtype, float* losses, void* logits, const int64_t* targets, int64_t N,
+                                int64_t V, int64_t ignore_index);
+void scale_dt(int device, int dtype, void* out, const void* x, const float* factor, int64_t n);
 
 }  // namespace engine

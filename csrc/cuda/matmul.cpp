@@ -6,11 +6,6 @@
 // (descriptors + the heuristic's algorithm) are cached per shape and epilogue, so a training step
 // does no heuristic queries after its first iteration.
 //
-// Autotuning: the heuristic proposes up to kCandidates algorithms; the first call of a plan outside
-// a CUDA-graph capture times each of them on the call's own operands and keeps the fastest (the
-// heuristic's choice is within a few percent on most shapes, but not all). ENGINE_MATMUL_AUTOTUNE=0
-// keeps the heuristic's first choice; ENGINE_MATMUL_AUTOTUNE_LOG=1 prints each shape's timings.
-//
 // Epilogues fold the Linear layer's bias and GELU into the GEMM (no extra pass over the output):
 // BIAS c = a b + bias; GELU_BIAS c = gelu(a b + bias) with the pre-activation written to aux (the
 // backward's input); BGRAD c = a b and bias = row sums of op(a) (the bias gradient, from the weight
@@ -18,10 +13,7 @@
 // per-row bias (EPILOGUE_BIAS), and our op(a)'s rows are its B's columns (EPILOGUE_BGRADB).
 #include <cublasLt.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <vector>
 #include <mutex>
 #include <unordered_map>
 
@@ -52,23 +44,12 @@ struct KeyHash {
     }
 };
 
-constexpr int kCandidates = 8;
-
 struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-    std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's proposals, best guess first
-    cublasLtMatmulAlgo_t algo;                     // the one in use: candidates[0] until tuned
+    cublasLtMatmulAlgo_t algo;
     bool found = false;  // false: cuBLASLt has no algorithm for this epilogue (the caller runs it unfused)
-    bool tuned = false;
-    int64_t M = 0, N = 0, K = 0;
 };
-
-bool env_flag(const char* name, bool fallback) {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == 0) return fallback;
-    return !(v[0] == '0' || v[0] == 'f' || v[0] == 'F' || v[0] == 'n' || v[0] == 'N');
-}
 
 cublasLtEpilogue_t lt_epilogue(int e) {
     switch (e) {
@@ -160,21 +141,17 @@ Plan make_plan(DeviceLt& d, const Key& k) {
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
-    cublasLtMatmulHeuristicResult_t results[kCandidates];
+    cublasLtMatmulHeuristicResult_t result;
     int found = 0;
-    cublasStatus_t s =
-        cublasLtMatmulAlgoGetHeuristic(d.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, kCandidates, results, &found);
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(d.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (k.epilogue != EPI_NONE && (s != CUBLAS_STATUS_SUCCESS || found == 0)) return p;  // not found: unfused
     check_lt(s, "heuristic");
     if (found == 0)
         throw CudaError("engine op 'matmul': cuBLASLt found no algorithm for M=" + std::to_string(k.M) +
                         " N=" + std::to_string(k.N) + " K=" + std::to_string(k.K) + " batch=" + std::to_string(k.batch));
-    for (int i = 0; i < found; ++i)
-        if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
-    p.algo = p.candidates.empty() ? results[0].algo : p.candidates[0];
+    p.algo = result.algo;
     p.found = true;
-    p.M = k.M, p.N = k.N, p.K = k.K;
     return p;
 }
 
@@ -186,7 +163,7 @@ bool allow_tf32() { return g_allow_tf32; }
 namespace {
 
 // the cached plan for one call (creating it on first use); the caller holds g_mutex
-Plan& plan_for(DeviceLt& d, int dtype, int epilogue, void* c, const void* a, const void* b, int64_t batch,
+const Plan& plan_for(DeviceLt& d, int dtype, int epilogue, void* c, const void* a, const void* b, int64_t batch,
                      int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
                      int64_t stride_c) {
     Key k;
@@ -211,57 +188,14 @@ Plan& plan_for(DeviceLt& d, int dtype, int epilogue, void* c, const void* a, con
     return it->second;
 }
 
-cublasStatus_t launch(DeviceLt& d, const Plan& p, const cublasLtMatmulAlgo_t& algo, int dtype, void* c, const void* a,
-                      const void* b, cudaStream_t st) {
+void run_plan(DeviceLt& d, const Plan& p, int device, int dtype, void* c, const void* a, const void* b) {
     double one64 = 1.0, zero64 = 0.0;
     float one32 = 1.f, zero32 = 0.f;
     const void* alpha = dtype == F64 ? (const void*)&one64 : (const void*)&one32;
     const void* beta = dtype == F64 ? (const void*)&zero64 : (const void*)&zero32;
-    return cublasLtMatmul(d.handle, p.op, alpha, b, p.la, a, p.lb, beta, c, p.lc, c, p.lc, &algo, d.workspace,
-                          d.workspace_bytes, st);
-}
-
-// Time every candidate on this call's operands (beta = 0: c, and an epilogue's bias / aux output, are
-// only written, and the real call that follows writes them again) and keep the fastest.
-void tune(DeviceLt& d, Plan& p, int dtype, void* c, const void* a, const void* b, cudaStream_t st) {
-    static const bool log = env_flag("ENGINE_MATMUL_AUTOTUNE_LOG", false);
-    cudaEvent_t start, stop;
-    check(cudaEventCreate(&start), "matmul autotune");
-    check(cudaEventCreate(&stop), "matmul autotune");
-    float best = -1.f, first = -1.f;
-    for (std::size_t i = 0; i < p.candidates.size(); ++i) {
-        if (launch(d, p, p.candidates[i], dtype, c, a, b, st) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up
-        constexpr int reps = 5;
-        check(cudaEventRecord(start, st), "matmul autotune");
-        for (int r = 0; r < reps; ++r) launch(d, p, p.candidates[i], dtype, c, a, b, st);
-        check(cudaEventRecord(stop, st), "matmul autotune");
-        check(cudaEventSynchronize(stop), "matmul autotune");
-        float ms = 0.f;
-        check(cudaEventElapsedTime(&ms, start, stop), "matmul autotune");
-        if (i == 0) first = ms;
-        if (best < 0.f || ms < best) best = ms, p.algo = p.candidates[i];
-    }
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    check_launch("matmul autotune");
-    if (log)
-        std::fprintf(stderr, "engine matmul autotune M=%lld N=%lld K=%lld: heuristic %.1f us, best %.1f us (%zu candidates)\n",
-                     (long long)p.M, (long long)p.N, (long long)p.K, 1000.f * first / 5, 1000.f * best / 5,
-                     p.candidates.size());
-}
-
-void run_plan(DeviceLt& d, Plan& p, int device, int dtype, void* c, const void* a, const void* b) {
-    static const bool autotune = env_flag("ENGINE_MATMUL_AUTOTUNE", true);
-    cudaStream_t st = stream(device);
-    if (!p.tuned && autotune && p.candidates.size() > 1) {
-        cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-        check(cudaStreamIsCapturing(st, &capturing), "matmul");
-        if (capturing == cudaStreamCaptureStatusNone) {  // a graph being captured keeps the heuristic's choice
-            tune(d, p, dtype, c, a, b, st);
-            p.tuned = true;
-        }
-    }
-    check_lt(launch(d, p, p.algo, dtype, c, a, b, st), "matmul");
+    check_lt(cublasLtMatmul(d.handle, p.op, alpha, b, p.la, a, p.lb, beta, c, p.lc, c, p.lc, &p.algo, d.workspace,
+                            d.workspace_bytes, stream(device)),
+             "matmul");
     check_launch("matmul");
 }
 
@@ -278,7 +212,7 @@ void matmul(int device, int dtype, void* c, const void* a, const void* b, int64_
     }
     std::lock_guard<std::mutex> lock(g_mutex);
     DeviceLt& d = lt(device);
-    Plan& p = plan_for(d, dtype, EPI_NONE, c, a, b, batch, M, N, K, trans_a, trans_b, stride_a, stride_b,
+    const Plan& p = plan_for(d, dtype, EPI_NONE, c, a, b, batch, M, N, K, trans_a, trans_b, stride_a, stride_b,
                              stride_c);
     run_plan(d, p, device, dtype, c, a, b);
 }
@@ -292,7 +226,7 @@ bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a
     use_device(device);
     std::lock_guard<std::mutex> lock(g_mutex);
     DeviceLt& d = lt(device);
-    Plan& p = plan_for(d, dtype, epilogue, c, a, b, 1, M, N, K, trans_a, trans_b, 0, 0, 0);
+    const Plan& p = plan_for(d, dtype, epilogue, c, a, b, 1, M, N, K, trans_a, trans_b, 0, 0, 0);
     if (!p.found) return false;
     if (epilogue != EPI_GELU)
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),

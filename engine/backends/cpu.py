@@ -316,6 +316,24 @@ def cross_entropy_backward(logits: Array, targets: Array, lse: Array, grad: Arra
     return dlogits
 
 
+def cross_entropy_with_grad_(logits: Array, targets: Array, ignore_index: int) -> Array:
+    """logits (N, V), targets (N,) int64 -> losses (N,) (0 where ignored); the logits are overwritten in
+    place by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows). The fused
+    classifier's step: its (N, V) buffer holds the logits, then their gradient, never both."""
+    losses, lse = cross_entropy(logits, targets, ignore_index)
+    valid = targets != ignore_index
+    logits -= lse[:, None]
+    np.exp(logits, out=logits)
+    logits[np.flatnonzero(valid), targets[valid]] -= 1.0
+    logits[~valid] = 0.0
+    return losses
+
+
+def scale(x: Array, factor: Array) -> Array:
+    """x * factor, factor a 0-d array (on the device: no host sync); x's dtype out."""
+    return x * factor.astype(x.dtype)
+
+
 # ---- attention ----------------------------------------------------------------------------------
 
 def _causal_hidden(T: int, S: int) -> Array:

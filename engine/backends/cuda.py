@@ -812,6 +812,35 @@ def cross_entropy_backward(logits: CudaArray, targets: CudaArray, lse: CudaArray
     return d
 
 
+def cross_entropy_with_grad_(logits: CudaArray, targets: CudaArray, ignore_index: int) -> CudaArray:
+    """logits (N, V), targets (N,) int64 -> losses (N,) float32 (0 where ignored); the logits are
+    overwritten in place by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows).
+    One kernel (the fused classifier's). An out-of-range target gives a NaN loss."""
+    if logits.dtype not in (float32, bfloat16):
+        raise TypeError(f"cuda backend: cross_entropy_with_grad_ supports float32 and bfloat16 logits, "
+                        f"got {logits.dtype.name}")
+    if targets.dtype is not int64:
+        targets = astype(targets, int64)
+    N, V = logits.shape
+    losses = _empty((N,), float32, logits.device)
+    _C.cross_entropy_with_grad_dt(logits.device, _CODE[logits.dtype], losses.ptr, logits.ptr, targets.ptr, N, V,
+                                  int(ignore_index))
+    return losses
+
+
+def scale(x: CudaArray, factor: CudaArray) -> CudaArray:
+    """x * factor, factor a 0-d array on the device (no host sync): float32 arithmetic, x's dtype
+    (float32 or bfloat16) out. The binary ops want one dtype; this is bf16 times a float32 scalar."""
+    _same_device("scale", x, factor)
+    if x.dtype not in (float32, bfloat16):
+        raise TypeError(f"cuda backend: scale supports float32 and bfloat16 arrays, got {x.dtype.name}")
+    if factor.dtype is not float32:
+        factor = astype(factor, float32)
+    out = _empty(x.shape, x.dtype, x.device)
+    _C.scale_dt(x.device, _CODE[x.dtype], out.ptr, x.ptr, factor.ptr, x.size)
+    return out
+
+
 def embedding(weight: CudaArray, idx: CudaArray) -> CudaArray:
     """weight (V, C), idx (...) int64 -> (..., C). An out-of-range index gives a NaN row."""
     _same_device("embedding", weight, idx)

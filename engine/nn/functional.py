@@ -7,9 +7,11 @@ import numpy as np
 
 from .. import dtypes
 from ..autocast import cast_for as _autocast_dtype
+from ..autograd import is_grad_enabled
 from ..ops import elementwise as E
 from ..ops import nn as N
 from ..ops.attention import Attention as _Attention, AttentionQKV as _AttentionQKV
+from ..ops.classifier import LinearCrossEntropy as _LinearCrossEntropy
 from ..ops.matmul import Linear as _Linear
 from ..random import next_seed
 from ..tensor import Tensor, tensor, where
@@ -90,11 +92,7 @@ def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, red
     if targets.dtype != dtypes.int64:
         raise TypeError(f"cross_entropy: targets must be int64 class indices, got {targets.dtype}")
     V = logits.shape[-1]
-    if logits.device.type == "cpu":
-        t = targets.numpy()
-        bad = (t != ignore_index) & ((t < 0) | (t >= V))
-        if bad.any():
-            raise IndexError(f"cross_entropy: target {int(t[bad][0])} is out of range for {V} classes")
+    _check_targets_in_range("cross_entropy", targets, V, ignore_index)
     losses = N.CrossEntropy.apply(logits.reshape(-1, V), targets.reshape(-1), ignore_index=ignore_index)
     if reduction == "none":
         return losses.reshape(targets.shape)
@@ -104,6 +102,47 @@ def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, red
         raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     kept = (targets.reshape(-1) != ignore_index).type(losses.dtype).sum()  # stays on the device: no host sync
     return losses.sum() / kept
+
+
+def _check_targets_in_range(op: str, targets: Tensor, V: int, ignore_index: int) -> None:
+    """On the CPU, raise for a target outside 0..V-1 (on the GPU that would need a host sync: the
+    kernels give a NaN loss instead)."""
+    if targets.device.type == "cpu":
+        t = targets.numpy()
+        bad = (t != ignore_index) & ((t < 0) | (t >= V))
+        if bad.any():
+            raise IndexError(f"{op}: target {int(t[bad][0])} is out of range for {V} classes")
+
+
+def linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100,
+                         reduction: str = "mean") -> Tensor:
+    """cross_entropy(linear(x, weight), targets, ...) as one op that never keeps the logits: a language
+    model's classifier. x (..., C), weight (V, C), targets (...) int64 -> loss () float32.
+
+    No bias (GPT's head has none): use linear + cross_entropy for one, or for reduction 'none'.
+    reduction 'mean' divides by the rows kept (target != ignore_index), 'sum' does not. The forward
+    also computes the gradients of x and weight (those that require grad) and drops the (N, V)
+    logits, so peak memory is the logits once and nothing of size N x V is kept for the backward.
+    Under autocast x and weight run in bf16; the loss and the softmax statistics stay float32."""
+    if weight.ndim != 2 or x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear_cross_entropy: x (..., C) and weight (V, C) do not fit: x {x.shape}, "
+                         f"weight {weight.shape}")
+    if x.shape[:-1] != targets.shape:
+        raise ValueError(f"linear_cross_entropy: x {x.shape} needs targets of shape {x.shape[:-1]}, "
+                         f"got {targets.shape}")
+    if targets.dtype != dtypes.int64:
+        raise TypeError(f"linear_cross_entropy: targets must be int64 class indices, got {targets.dtype}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"linear_cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r} "
+                         "(per-row losses: F.cross_entropy(F.linear(x, weight), targets, reduction='none'))")
+    _check_targets_in_range("linear_cross_entropy", targets, weight.shape[0], ignore_index)
+    dt = _autocast_dtype(x)
+    if dt is not None:  # bf16 operands (fp32 master weights: the cast's backward returns fp32 gradients)
+        x, weight = x.type(dt), weight.type(dt)
+    grad = is_grad_enabled()
+    return _LinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), weight, targets.reshape(-1),
+                                     ignore_index=int(ignore_index), reduction=reduction,
+                                     need_dx=grad and x.requires_grad, need_dweight=grad and weight.requires_grad)
 
 
 def embedding(idx: Tensor, weight: Tensor) -> Tensor:

@@ -39,7 +39,8 @@ class GPTConfig:
 
 
 class GPT(Module):
-    """idx (B, T) int64 -> logits (B, T, vocab_size), and the mean cross-entropy when targets are given.
+    """idx (B, T) int64 -> logits (B, T, vocab_size); with targets, the mean cross-entropy instead,
+    from the fused classifier (see forward: return_logits=True gives both).
 
     Parameter names follow GPT-2 / nanoGPT (transformer.wte, transformer.h.0.attn.c_attn, ...)."""
 
@@ -83,10 +84,20 @@ class GPT(Module):
             x = block(x, None if caches is None else caches[i])
         return tr["ln_f"](x)
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None):
+    def forward(self, idx: Tensor, targets: Tensor | None = None, *, return_logits: bool = False):
+        """idx (B, T) int64 -> (logits (B, T, V), None); with targets (B, T) -> (None, loss).
+
+        With targets, the head and the mean cross-entropy (targets of -1 ignored) are one fused op,
+        F.linear_cross_entropy, which never keeps the (B*T, V) logits and so returns none; pass
+        return_logits=True to get them too, as (logits, loss), from the unfused head."""
         if idx.ndim != 2:
             raise ValueError(f"GPT: idx must be (B, T) token indices, got shape {idx.shape}")
-        logits = self.lm_head(self._hidden(idx))  # (B, T, V)
+        hidden = self._hidden(idx)  # (B, T, C)
+        if targets is not None and not return_logits:
+            loss = F.linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight,
+                                          targets.reshape(-1), ignore_index=-1)
+            return None, loss
+        logits = self.lm_head(hidden)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)

@@ -51,7 +51,7 @@ def _inputs(shape_q, shape_kv, dtype, seed):
 @pytest.mark.parametrize("T,S,D,causal", [(64, 64, 64, True), (100, 100, 32, True), (37, 130, 64, True),
                                           (130, 130, 128, False), (5, 5, 16, True), (70, 70, 80, True),
                                           (1, 9, 64, True), (256, 256, 64, True), (200, 333, 32, False),
-                                          (300, 300, 128, True)])
+                                          (300, 300, 128, True), (330, 400, 64, True), (129, 129, 64, False)])
 def test_attention_matches_cpu(dtype, tf32, tol, T, S, D, causal):
     prev = engine.cuda.allow_tf32()
     engine.cuda.set_allow_tf32(tf32)

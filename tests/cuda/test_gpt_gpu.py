@@ -35,7 +35,7 @@ def test_training_step_matches_cpu(no_tf32):
     results = {}
     for dev, model in (("cpu", cpu_model), ("cuda", gpu_model)):
         opt = engine.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-        logits, loss = model(engine.tensor(x, device=dev), engine.tensor(y, device=dev))
+        logits, loss = model(engine.tensor(x, device=dev), engine.tensor(y, device=dev), return_logits=True)
         opt.zero_grad()
         loss.backward()
         grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}  # CPU .numpy() aliases
