@@ -45,6 +45,7 @@ class TrainConfig:
     n_embd: int = 128
     block_size: int = 128
     dropout: float = 0.0
+    bias: bool = True  # biases in the Linear and LayerNorm layers (nanoGPT's shakespeare_char: --no-bias)
     # optimisation
     batch_size: int = 16
     grad_accum: int = 1
@@ -110,7 +111,7 @@ class Trainer:
         self.train_data, self.val_data = data.split(cfg.val_fraction)
 
         model_cfg = GPTConfig(vocab_size=self.tokenizer.vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer,
-                              n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout)
+                              n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout, bias=cfg.bias)
         if state:
             saved = GPTConfig.from_dict(state["model_config"])
             if saved != model_cfg:
@@ -253,13 +254,16 @@ def add_parser(subparsers) -> None:
     defaults = TrainConfig()
     p.add_argument("--data", nargs="+", help="text file(s) to train on (default: Python's standard library source)")
     for f in fields(TrainConfig):
-        if f.name in ("data", "resume", "quiet", "graph", "eval_train"):
+        if f.name in ("data", "resume", "quiet", "graph", "eval_train", "bias"):
             continue
         flag = "--" + f.name.replace("_", "-")
         p.add_argument(flag, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name),
                        help=f"(default: {getattr(defaults, f.name)})")
     p.add_argument("--eval-train", action=argparse.BooleanOptionalAction, default=defaults.eval_train,
                    help="also measure the train split at each evaluation (default: on)")
+    p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=defaults.bias,
+                   help="biases in the Linear and LayerNorm layers (default: on; nanoGPT's shakespeare_char "
+                        "recipe trains without: --no-bias)")
     p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=defaults.graph,
                    help="on a GPU, replay each training step as one captured CUDA graph (default: on; "
                         "--no-graph runs every op from Python)")

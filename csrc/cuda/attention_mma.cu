@@ -104,8 +104,7 @@ __device__ __forceinline__ void to_a_frags(uint32_t (&a)[4][4], const float (&p)
 
 // ---- forward ------------------------------------------------------------------------------------
 
-// A block of 4 warps owns fwd_rows() queries (a warp 16 or 32 of them) and walks the K/V tiles of 64
-// keys they see, double-buffered.
+// grid (ceil(T / 64), B * H); a warp owns 16 queries; K/V tiles of 64 keys double-buffered.
 // Blocks start in blockIdx order, and under a causal mask their work differs: a query tile sees
 // more keys the later it is, a key tile more queries the earlier it is. A 1-D grid enumerates
 // (batch, tile rank, head), head fastest, and rank 0 is the heaviest tile, so each batch element's
@@ -118,57 +117,41 @@ __device__ __forceinline__ TileOrder tile_order(int tiles, int H, bool heavy_las
     return {heavy_last ? tiles - 1 - rank : rank, (int)(blockIdx.x / per_b) * H + r % H};
 }
 
-// Rows of queries per warp: 32 (two m16 tiles) for D <= 64, so each K / V fragment read from shared
-// memory feeds two MMAs (16 rows per warp made the forward shared-memory bound); 16 for D = 128,
-// where two tiles' accumulators would not fit in registers.
-template <int D> constexpr int fwd_mtiles() { return D <= 64 ? 2 : 1; }
-template <int D> constexpr int fwd_rows() { return 4 * 16 * fwd_mtiles<D>(); }  // queries per block
-
 template <int D>
-__global__ void __launch_bounds__(kThreads, 2) fwd_kernel(bf16* __restrict__ o, float* __restrict__ lse,
+__global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 2) fwd_kernel(bf16* __restrict__ o, float* __restrict__ lse,
                                                        const bf16* __restrict__ q, const bf16* __restrict__ k,
                                                        const bf16* __restrict__ v, AttnLayout lq, AttnLayout lk,
                                                        AttnLayout lv, AttnLayout lo, int H, int Tq, int S, bool causal,
                                                        float scale2) {
     constexpr int LD = D + 8;  // 16-byte row padding: ldmatrix rows fall in distinct banks
-    constexpr int MT = fwd_mtiles<D>(), BQ = fwd_rows<D>();
     extern __shared__ __align__(128) unsigned char smem[];
     bf16* sQ = reinterpret_cast<bf16*>(smem);
-    bf16* sK = sQ + BQ * LD;  // [2][BC][LD]
+    bf16* sK = sQ + BR * LD;  // [2][BC][LD]
     bf16* sV = sK + 2 * BC * LD;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const TileOrder at = tile_order((Tq + BQ - 1) / BQ, H, /*heavy_last=*/true);
+    const TileOrder at = tile_order((Tq + BR - 1) / BR, H, /*heavy_last=*/true);
     const int bh = at.bh, b = bh / H, h = bh % H;
-    const int q0 = at.tile * BQ;
+    const int q0 = at.tile * BR;
     const bf16* qb = q + b * lq.sb + h * lq.sh;
     const bf16* kb = k + b * lk.sb + h * lk.sh;
     const bf16* vb = v + b * lv.sb + h * lv.sh;
     const int off = S - Tq;  // causal mask aligned bottom-right
-    const int kv_end = causal ? max(0, min(S, min(q0 + BQ, Tq) + off)) : S;
+    const int kv_end = causal ? max(0, min(S, min(q0 + BR, Tq) + off)) : S;
     const int ntiles = (kv_end + BC - 1) / BC;
 
-    load_rows<BQ, D, LD>(sQ, qb, lq.st, q0, Tq);
+    load_rows<BR, D, LD>(sQ, qb, lq.st, q0, Tq);
     if (ntiles > 0) {
         load_rows<BC, D, LD>(sK, kb, lk.st, 0, S);
         load_rows<BC, D, LD>(sV, vb, lv.st, 0, S);
     }
     cp_async_commit();
 
-    // m-tile i of this warp: queries q0 + (warp * MT + i) * 16 ..; rows g and g + 8 of each
-    float acc[MT][D / 8][4];
-    float m[MT][2], l[MT][2];  // running max and row sum (log2 domain)
-    int row[MT][2];
+    float acc[D / 8][4];
 #pragma unroll
-    for (int i = 0; i < MT; ++i) {
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            m[i][r] = -INFINITY, l[i][r] = 0.f;
-            row[i][r] = q0 + (warp * MT + i) * 16 + g + 8 * r;
-        }
-    }
-    uint32_t qa[MT][D / 16][4];
+    for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows g and g + 8 (log2 domain)
+    const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    uint32_t qa[D / 16][4];
 
     for (int it = 0; it < ntiles; ++it) {
         const int k0 = it * BC, buf = it & 1;
@@ -181,88 +164,74 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_kernel(bf16* __restrict__ o, 
         __syncthreads();
         if (it == 0) {
 #pragma unroll
-            for (int i = 0; i < MT; ++i)
-#pragma unroll
-                for (int kk = 0; kk < D / 16; ++kk)
-                    ldsm_x4(qa[i][kk], a_rows<LD>(sQ, (warp * MT + i) * 16, kk * 16, lane));
+            for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qa[kk], a_rows<LD>(sQ, warp * 16, kk * 16, lane));
         }
         const bf16* tK = sK + buf * BC * LD;
         const bf16* tV = sV + buf * BC * LD;
-        // S (16 x 64 per m-tile) = Q_w K^T: each K fragment serves the warp's MT m-tiles
-        float s[MT][8][4];
+        // S (16 x 64) = Q_w K^T
+        float s[8][4];
 #pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.f;
+        for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
             for (int np = 0; np < 4; ++np) {
                 uint32_t r[4];
                 ldsm_x4(r, bt_rows<LD>(tK, np * 16, kk * 16, lane));
-#pragma unroll
-                for (int i = 0; i < MT; ++i) {
-                    mma(s[i][2 * np], qa[i][kk], r[0], r[1]);
-                    mma(s[i][2 * np + 1], qa[i][kk], r[2], r[3]);
-                }
+                mma(s[2 * np], qa[kk], r[0], r[1]);
+                mma(s[2 * np + 1], qa[kk], r[2], r[3]);
             }
         }
         // mask, scale, online softmax (each row's 64 columns are spread over the 4 lanes of a quad);
         // tiles wholly inside the visible region skip the mask
         const bool full = k0 + BC <= S && (!causal || k0 + BC - 1 <= q0 + off);
-        uint32_t pa[MT][4][4];
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-            float mx[2] = {-INFINITY, -INFINITY};
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    int col = k0 + j * 8 + 2 * t + (e & 1), r = e >> 1;
-                    bool visible = full || (col < S && (!causal || col <= row[i][r] + off));
-                    s[i][j][e] = visible ? s[i][j][e] * scale2 : -INFINITY;
-                    mx[r] = fmaxf(mx[r], s[i][j][e]);
-                }
-            float alpha[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                float m_new = fmaxf(m[i][r], mx[r]);
-                alpha[r] = m_new == -INFINITY ? 1.f : exp2f(m[i][r] - m_new);
-                m[i][r] = m_new;
-                l[i][r] *= alpha[r];
+            for (int e = 0; e < 4; ++e) {
+                int col = k0 + j * 8 + 2 * t + (e & 1), r = e >> 1;
+                bool visible = full || (col < S && (!causal || col <= row[r] + off));
+                s[j][e] = visible ? s[j][e] * scale2 : -INFINITY;
+                mx[r] = fmaxf(mx[r], s[j][e]);
             }
+        float alpha[2];
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    int r = e >> 1;
-                    float p = s[i][j][e] == -INFINITY ? 0.f : exp2f(s[i][j][e] - m[i][r]);
-                    s[i][j][e] = p;
-                    l[i][r] += p;  // this lane's share of the row sum; the quad is summed at the end
-                }
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                acc[i][j][0] *= alpha[0];
-                acc[i][j][1] *= alpha[0];
-                acc[i][j][2] *= alpha[1];
-                acc[i][j][3] *= alpha[1];
-            }
-            to_a_frags(pa[i], s[i]);
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            float m_new = fmaxf(m[r], mx[r]);
+            alpha[r] = m_new == -INFINITY ? 1.f : exp2f(m[r] - m_new);
+            m[r] = m_new;
+            l[r] *= alpha[r];
         }
-        // O_w (16 x D per m-tile) += P (16 x 64) V (64 x D): each V fragment serves the MT m-tiles
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int r = e >> 1;
+                float p = s[j][e] == -INFINITY ? 0.f : exp2f(s[j][e] - m[r]);
+                s[j][e] = p;
+                l[r] += p;  // this lane's share of the row sum; the quad is summed at the end
+            }
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            acc[j][0] *= alpha[0];
+            acc[j][1] *= alpha[0];
+            acc[j][2] *= alpha[1];
+            acc[j][3] *= alpha[1];
+        }
+        // O_w (16 x D) += P (16 x 64) V (64 x D)
+        uint32_t pa[4][4];
+        to_a_frags(pa, s);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
             for (int dp = 0; dp < D / 16; ++dp) {
                 uint32_t r[4];
                 ldsm_x4_t(r, b_rows_t<LD>(tV, kk * 16, dp * 16, lane));
-#pragma unroll
-                for (int i = 0; i < MT; ++i) {
-                    mma(acc[i][2 * dp], pa[i][kk], r[0], r[1]);
-                    mma(acc[i][2 * dp + 1], pa[i][kk], r[2], r[3]);
-                }
+                mma(acc[2 * dp], pa[kk], r[0], r[1]);
+                mma(acc[2 * dp + 1], pa[kk], r[2], r[3]);
             }
         }
         __syncthreads();  // every warp is done with this buffer before it is refilled
@@ -270,21 +239,18 @@ __global__ void __launch_bounds__(kThreads, 2) fwd_kernel(bf16* __restrict__ o, 
     cp_async_wait<0>();
     bf16* ob = o + b * lo.sb + h * lo.sh;
 #pragma unroll
-    for (int i = 0; i < MT; ++i)
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        if (row[r] >= Tq) continue;
+        float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        bf16* orow = ob + (int64_t)row[r] * lo.st;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            l[i][r] += __shfl_xor_sync(0xffffffffu, l[i][r], 1);
-            l[i][r] += __shfl_xor_sync(0xffffffffu, l[i][r], 2);
-            if (row[i][r] >= Tq) continue;
-            float inv = l[i][r] > 0.f ? 1.f / l[i][r] : 0.f;
-            bf16* orow = ob + (int64_t)row[i][r] * lo.st;
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j)
-                *reinterpret_cast<uint32_t*>(orow + j * 8 + 2 * t) =
-                    pack_bf16(acc[i][j][2 * r] * inv, acc[i][j][2 * r + 1] * inv);
-            if (t == 0)
-                lse[(int64_t)bh * Tq + row[i][r]] = l[i][r] > 0.f ? (m[i][r] + log2f(l[i][r])) * kLn2 : -INFINITY;
-        }
+        for (int j = 0; j < D / 8; ++j)
+            *reinterpret_cast<uint32_t*>(orow + j * 8 + 2 * t) =
+                pack_bf16(acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
+        if (t == 0) lse[(int64_t)bh * Tq + row[r]] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+    }
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -484,9 +450,9 @@ void set_smem(KernelT kernel, int bytes, const char* op) {
 template <int D>
 void forward_d(cudaStream_t st, void* o, float* lse, const void* q, const void* k, const void* v, AttnLayout lq,
                AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
-    int bytes = (fwd_rows<D>() + 4 * BC) * (D + 8) * (int)sizeof(bf16);
+    int bytes = (BR + 4 * BC) * (D + 8) * (int)sizeof(bf16);
     set_smem(fwd_kernel<D>, bytes, "attention");
-    unsigned grid = (unsigned)(ceil_div(T, fwd_rows<D>()) * B * H);  // see tile_order
+    unsigned grid = (unsigned)(ceil_div(T, BR) * B * H);  // see tile_order
     fwd_kernel<D><<<grid, kThreads, bytes, st>>>((bf16*)o, lse, (const bf16*)q, (const bf16*)k, (const bf16*)v, lq, lk,
                                                  lv, lo, H, T, S, causal, scale * kLog2e);
 }

@@ -230,6 +230,65 @@ __global__ void cross_entropy_with_grad_kernel(float* __restrict__ losses, T* lo
     if (write_softmax_minus_onehot<T, VEC>(xr, xr, t, lse, 1.f, V, x_target)) losses[row] = lse - x_target;
 }
 
+// The same, for rows that fit in registers (V / kVec <= R * blockDim.x, the row 16-byte aligned): each
+// thread loads its R chunks once, so the logits are read once and the gradient written once. Two
+// passes over global memory read the row twice: rows of 50k logits do not stay in L2 between them.
+template <typename T, int R>
+__global__ void __launch_bounds__(512) cross_entropy_with_grad_regs_kernel(float* __restrict__ losses, T* logits,
+                                                                           const int64_t* __restrict__ targets,
+                                                                           int64_t V, int64_t ignore_index) {
+    constexpr int W = kVec<T>;
+    int64_t row = blockIdx.x;
+    T* xr = logits + row * V;
+    int64_t t = targets[row];  // the same for the whole block: no thread skips a barrier below
+    if (t == ignore_index) {
+        zero_row<T, true>(xr, V);
+        if (threadIdx.x == 0) losses[row] = 0.f;
+        return;
+    }
+    uint4* xv = reinterpret_cast<uint4*>(xr);
+    const int nvec = (int)(V / W);
+    uint4 u[R];
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+        int c = threadIdx.x + k * blockDim.x;
+        if (c < nvec) u[k] = xv[c];
+    }
+    MaxSum ms{-INFINITY, 0.f};
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+        if (threadIdx.x + k * blockDim.x >= nvec) continue;
+        float f[W];
+        unpack(f, u[k]);
+        float m = f[0];
+#pragma unroll
+        for (int i = 1; i < W; ++i) m = fmaxf(m, f[i]);
+        if (m == -INFINITY) continue;
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < W; ++i) sum += __expf(f[i] - m);
+        ms = merge(ms, MaxSum{m, sum});
+    }
+    ms = block_merge(ms);
+    float lse = ms.m + logf(ms.s);
+    if (threadIdx.x == 0 && (t < 0 || t >= V)) losses[row] = NAN;  // out-of-range target: visible, no host sync
+#pragma unroll
+    for (int k = 0; k < R; ++k) {
+        int c = threadIdx.x + k * blockDim.x;
+        if (c >= nvec) continue;
+        float f[W];
+        unpack(f, u[k]);
+#pragma unroll
+        for (int i = 0; i < W; ++i) {
+            bool hit = (int64_t)c * W + i == t;
+            if (hit) losses[row] = lse - f[i];
+            f[i] = expf(f[i] - lse) - (hit ? 1.f : 0.f);
+        }
+        xv[c] = pack(f);
+    }
+}
+constexpr int kRegChunks = 16, kRegThreads = 512;  // rows of up to 8192 chunks: 65536 bf16 or 32768 float32
+
 // out (n,) = x (n,) * factor[0] with float32 arithmetic, x and out of T (they may be one buffer).
 // The fused classifier's backward: its gradients (bf16 under autocast) times the loss's float32
 // gradient, which lives on the device.
@@ -303,7 +362,10 @@ void ce_with_grad(int device, float* losses, T* logits, const int64_t* targets, 
     if (N == 0) return;
     use_device(device);
     cudaStream_t st = stream(device);
-    if (vectorizable<T>(logits, logits, V))
+    if (vectorizable<T>(logits, logits, V) && V / kVec<T> >= kRegThreads && V / kVec<T> <= kRegChunks * kRegThreads)
+        cross_entropy_with_grad_regs_kernel<T, kRegChunks><<<(unsigned)N, kRegThreads, 0, st>>>(losses, logits, targets,
+                                                                                               V, ignore_index);
+    else if (vectorizable<T>(logits, logits, V))
         cross_entropy_with_grad_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(losses, logits, targets, V,
                                                                                        ignore_index);
     else

@@ -70,3 +70,13 @@ def test_cli_runs_on_the_default_corpus(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "done: 3 steps" in out.stdout and "sample:" in out.stdout
+
+
+def test_no_bias_trains_a_model_without_biases(tmp_path):
+    """--no-bias (nanoGPT's shakespeare_char model): no bias parameters in the Linear and LayerNorm layers."""
+    train(tiny(tmp_path, "nobias", max_steps=4, bias=False), log=lambda *a: None)
+    names = list(load_checkpoint(tmp_path / "nobias" / "checkpoint")["model"])
+    assert names and not [n for n in names if n.endswith(".bias")]
+    with_bias = tiny(tmp_path, "bias", max_steps=4)
+    train(with_bias, log=lambda *a: None)
+    assert [n for n in load_checkpoint(tmp_path / "bias" / "checkpoint")["model"] if n.endswith(".bias")]
