@@ -230,14 +230,17 @@ __global__ void cross_entropy_with_grad_kernel(float* __restrict__ losses, T* lo
     if (write_softmax_minus_onehot<T, VEC>(xr, xr, t, lse, 1.f, V, x_target)) losses[row] = lse - x_target;
 }
 
-// The same, for rows that fit in registers (V / kVec <= R * blockDim.x, the row 16-byte aligned): each
-// thread loads its R chunks once, so the logits are read once and the gradient written once. Two
-// passes over global memory read the row twice: rows of 50k logits do not stay in L2 between them.
-template <typename T, int R>
-__global__ void __launch_bounds__(512) cross_entropy_with_grad_regs_kernel(float* __restrict__ losses, T* logits,
-                                                                           const int64_t* __restrict__ targets,
-                                                                           int64_t V, int64_t ignore_index) {
+// The same, staging the row in shared memory (16 * V / kVec bytes, the row 16-byte aligned): the
+// logits are read from global memory once and the gradient written once. Two passes over global
+// memory read the row twice, since rows of 50k logits do not stay in L2 between them. Each thread
+// reads back only the chunks it staged, so no barrier guards the staging; two blocks fit an SM, so
+// one block's reads overlap the other's writes.
+template <typename T>
+__global__ void __launch_bounds__(512) cross_entropy_with_grad_staged_kernel(float* __restrict__ losses, T* logits,
+                                                                             const int64_t* __restrict__ targets,
+                                                                             int64_t V, int64_t ignore_index) {
     constexpr int W = kVec<T>;
+    extern __shared__ uint4 staged[];  // (V / W,) chunks of this row
     int64_t row = blockIdx.x;
     T* xr = logits + row * V;
     int64_t t = targets[row];  // the same for the whole block: no thread skips a barrier below
@@ -248,18 +251,13 @@ __global__ void __launch_bounds__(512) cross_entropy_with_grad_regs_kernel(float
     }
     uint4* xv = reinterpret_cast<uint4*>(xr);
     const int nvec = (int)(V / W);
-    uint4 u[R];
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-        int c = threadIdx.x + k * blockDim.x;
-        if (c < nvec) u[k] = xv[c];
-    }
     MaxSum ms{-INFINITY, 0.f};
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-        if (threadIdx.x + k * blockDim.x >= nvec) continue;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
+        uint4 u = xv[c];
+        staged[c] = u;
         float f[W];
-        unpack(f, u[k]);
+        unpack(f, u);
         float m = f[0];
 #pragma unroll
         for (int i = 1; i < W; ++i) m = fmaxf(m, f[i]);
@@ -272,12 +270,10 @@ __global__ void __launch_bounds__(512) cross_entropy_with_grad_regs_kernel(float
     ms = block_merge(ms);
     float lse = ms.m + logf(ms.s);
     if (threadIdx.x == 0 && (t < 0 || t >= V)) losses[row] = NAN;  // out-of-range target: visible, no host sync
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-        int c = threadIdx.x + k * blockDim.x;
-        if (c >= nvec) continue;
+#pragma unroll 4
+    for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
         float f[W];
-        unpack(f, u[k]);
+        unpack(f, staged[c]);
 #pragma unroll
         for (int i = 0; i < W; ++i) {
             bool hit = (int64_t)c * W + i == t;
@@ -287,7 +283,7 @@ __global__ void __launch_bounds__(512) cross_entropy_with_grad_regs_kernel(float
         xv[c] = pack(f);
     }
 }
-constexpr int kRegChunks = 16, kRegThreads = 512;  // rows of up to 8192 chunks: 65536 bf16 or 32768 float32
+constexpr int kStagedMaxBytes = 110 * 1024;  // two blocks per SM: bf16 rows up to 56k logits, float32 28k
 
 // out (n,) = x (n,) * factor[0] with float32 arithmetic, x and out of T (they may be one buffer).
 // The fused classifier's backward: its gradients (bf16 under autocast) times the loss's float32
@@ -362,10 +358,14 @@ void ce_with_grad(int device, float* losses, T* logits, const int64_t* targets, 
     if (N == 0) return;
     use_device(device);
     cudaStream_t st = stream(device);
-    if (vectorizable<T>(logits, logits, V) && V / kVec<T> >= kRegThreads && V / kVec<T> <= kRegChunks * kRegThreads)
-        cross_entropy_with_grad_regs_kernel<T, kRegChunks><<<(unsigned)N, kRegThreads, 0, st>>>(losses, logits, targets,
-                                                                                               V, ignore_index);
-    else if (vectorizable<T>(logits, logits, V))
+    const int64_t staged_bytes = V * (int64_t)sizeof(T);
+    if (vectorizable<T>(logits, logits, V) && V >= 4096 && staged_bytes <= kStagedMaxBytes) {
+        auto kernel = cross_entropy_with_grad_staged_kernel<T>;
+        if (staged_bytes > 48 * 1024)
+            check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)staged_bytes),
+                  "cross_entropy_with_grad_");
+        kernel<<<(unsigned)N, 512, (size_t)staged_bytes, st>>>(losses, logits, targets, V, ignore_index);
+    } else if (vectorizable<T>(logits, logits, V))
         cross_entropy_with_grad_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(losses, logits, targets, V,
                                                                                        ignore_index);
     else
