@@ -71,12 +71,6 @@ __global__ void __launch_bounds__(256) bias_grad_kernel(float* __restrict__ part
     }
 }
 
-int sm_count(int device) {
-    static int count[64] = {};
-    if (count[device] == 0) check(cudaDeviceGetAttribute(&count[device], cudaDevAttrMultiProcessorCount, device), "sm count");
-    return count[device];
-}
-
 template <typename T>
 void bias_grad_typed(int device, T* db, T* dpre, const T* g, const T* pre, int64_t N, int64_t O) {
     constexpr int V = Vec16<T>::n;

@@ -77,6 +77,30 @@ __global__ void sum_parts_kernel(T* __restrict__ out, const float* __restrict__ 
 
 // --- numeric helpers ------------------------------------------------------------------------------
 
+// 16 bytes of T as floats and back: kVec<T> = 8 bf16 or 4 float32 (the row kernels' uint4 accesses)
+template <typename T> constexpr int kVec = 16 / (int)sizeof(T);
+__device__ __forceinline__ void unpack(float (&f)[4], uint4 u) {
+    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
+}
+__device__ __forceinline__ void unpack(float (&f)[8], uint4 u) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+__device__ __forceinline__ uint4 pack(const float (&f)[4]) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+}
+__device__ __forceinline__ uint4 pack(const float (&f)[8]) {
+    uint4 u;
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return u;
+}
+
 // d gelu_tanh(x) / dx in float32 (the GELU backward of the bf16 and fused kernels)
 __device__ __forceinline__ float gelu_grad(float x) {
     const float c = 0.7978845608028654f, a = 0.044715f;

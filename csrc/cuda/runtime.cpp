@@ -126,6 +126,13 @@ cudaError_t raw_malloc(void** ptr, std::size_t bytes, bool capturing) {
 
 }  // namespace
 
+int sm_count(int device) {
+    static int count[64] = {};
+    if (count[device] == 0)
+        check(cudaDeviceGetAttribute(&count[device], cudaDevAttrMultiProcessorCount, device), "sm count");
+    return count[device];
+}
+
 cudaStream_t stream(int device) {
     DevicePool& p = pool(device);
     if (p.stream == nullptr) {

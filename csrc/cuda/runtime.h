@@ -27,6 +27,7 @@ int device_count();          // 0 when there is no driver or no GPU (never throw
 std::string cuda_status();   // "" when usable, else why not (no driver, no device, ...)
 void use_device(int device); // cudaSetDevice, skipped when already current on this thread
 cudaStream_t stream(int device);  // the one stream all of engine's work on `device` goes to
+int sm_count(int device);         // streaming multiprocessors of `device` (cached)
 
 // Caching allocator: blocks freed by engine go back to a per-device pool and are reused by later
 // allocations on the same stream (stream order makes that safe without a sync). cudaMalloc only

@@ -79,30 +79,6 @@ __global__ void softmax_backward_kernel(float* __restrict__ dx, const float* __r
 __device__ __forceinline__ float ldf(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float ldf(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
 
-// 16 bytes of logits as floats (8 bf16 or 4 float32)
-template <typename T> constexpr int kVec = 16 / (int)sizeof(T);
-__device__ __forceinline__ void unpack(float (&f)[4], uint4 u) {
-    f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z), f[3] = __uint_as_float(u.w);
-}
-__device__ __forceinline__ void unpack(float (&f)[8], uint4 u) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float2 v = __bfloat1622float2(h[i]);
-        f[2 * i] = v.x, f[2 * i + 1] = v.y;
-    }
-}
-__device__ __forceinline__ uint4 pack(const float (&f)[4]) {
-    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
-}
-__device__ __forceinline__ uint4 pack(const float (&f)[8]) {
-    uint4 u;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    return u;
-}
-
 // The two passes over one row of logits x (V,) that the cross-entropy kernels share, float32 or bf16.
 // VEC: V % kVec == 0 and the row 16-byte aligned, so each thread reads (and writes) 16 bytes at a time.
 
@@ -230,61 +206,6 @@ __global__ void cross_entropy_with_grad_kernel(float* __restrict__ losses, T* lo
     if (write_softmax_minus_onehot<T, VEC>(xr, xr, t, lse, 1.f, V, x_target)) losses[row] = lse - x_target;
 }
 
-// The same, staging the row in shared memory (16 * V / kVec bytes, the row 16-byte aligned): the
-// logits are read from global memory once and the gradient written once. Two passes over global
-// memory read the row twice, since rows of 50k logits do not stay in L2 between them. Each thread
-// reads back only the chunks it staged, so no barrier guards the staging; two blocks fit an SM, so
-// one block's reads overlap the other's writes.
-template <typename T>
-__global__ void __launch_bounds__(512) cross_entropy_with_grad_staged_kernel(float* __restrict__ losses, T* logits,
-                                                                             const int64_t* __restrict__ targets,
-                                                                             int64_t V, int64_t ignore_index) {
-    constexpr int W = kVec<T>;
-    extern __shared__ uint4 staged[];  // (V / W,) chunks of this row
-    int64_t row = blockIdx.x;
-    T* xr = logits + row * V;
-    int64_t t = targets[row];  // the same for the whole block: no thread skips a barrier below
-    if (t == ignore_index) {
-        zero_row<T, true>(xr, V);
-        if (threadIdx.x == 0) losses[row] = 0.f;
-        return;
-    }
-    uint4* xv = reinterpret_cast<uint4*>(xr);
-    const int nvec = (int)(V / W);
-    MaxSum ms{-INFINITY, 0.f};
-#pragma unroll 4
-    for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
-        uint4 u = xv[c];
-        staged[c] = u;
-        float f[W];
-        unpack(f, u);
-        float m = f[0];
-#pragma unroll
-        for (int i = 1; i < W; ++i) m = fmaxf(m, f[i]);
-        if (m == -INFINITY) continue;
-        float sum = 0.f;
-#pragma unroll
-        for (int i = 0; i < W; ++i) sum += __expf(f[i] - m);
-        ms = merge(ms, MaxSum{m, sum});
-    }
-    ms = block_merge(ms);
-    float lse = ms.m + logf(ms.s);
-    if (threadIdx.x == 0 && (t < 0 || t >= V)) losses[row] = NAN;  // out-of-range target: visible, no host sync
-#pragma unroll 4
-    for (int c = threadIdx.x; c < nvec; c += blockDim.x) {
-        float f[W];
-        unpack(f, staged[c]);
-#pragma unroll
-        for (int i = 0; i < W; ++i) {
-            bool hit = (int64_t)c * W + i == t;
-            if (hit) losses[row] = lse - f[i];
-            f[i] = expf(f[i] - lse) - (hit ? 1.f : 0.f);
-        }
-        xv[c] = pack(f);
-    }
-}
-constexpr int kStagedMaxBytes = 110 * 1024;  // two blocks per SM: bf16 rows up to 56k logits, float32 28k
-
 // out (n,) = x (n,) * factor[0] with float32 arithmetic, x and out of T (they may be one buffer).
 // The fused classifier's backward: its gradients (bf16 under autocast) times the loss's float32
 // gradient, which lives on the device.
@@ -358,14 +279,7 @@ void ce_with_grad(int device, float* losses, T* logits, const int64_t* targets, 
     if (N == 0) return;
     use_device(device);
     cudaStream_t st = stream(device);
-    const int64_t staged_bytes = V * (int64_t)sizeof(T);
-    if (vectorizable<T>(logits, logits, V) && V >= 4096 && staged_bytes <= kStagedMaxBytes) {
-        auto kernel = cross_entropy_with_grad_staged_kernel<T>;
-        if (staged_bytes > 48 * 1024)
-            check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)staged_bytes),
-                  "cross_entropy_with_grad_");
-        kernel<<<(unsigned)N, 512, (size_t)staged_bytes, st>>>(losses, logits, targets, V, ignore_index);
-    } else if (vectorizable<T>(logits, logits, V))
+    if (vectorizable<T>(logits, logits, V))
         cross_entropy_with_grad_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(losses, logits, targets, V,
                                                                                        ignore_index);
     else

@@ -283,7 +283,10 @@ def test_matmul_float64_and_tf32():
 
 # ---- normalisation, softmax, losses -----------------------------------------------------------
 
-@pytest.mark.parametrize("shape", [(4, 6), (64, 768), (3, 5, 384), (2, 1000), (600, 200), (9, 1600)])  # 1600: the wide kernel
+# 16-byte kernels: 384 (3 chunks of 4 per lane), 200 (2), 36 (1), 512 (4); columns per lane: 6, 768,
+# 1000; 1600: the wide kernel
+@pytest.mark.parametrize("shape", [(4, 6), (64, 768), (3, 5, 384), (2, 1000), (600, 200), (9, 1600), (7, 36),
+                                   (5, 512)])
 @pytest.mark.parametrize("affine", ["both", "weight", "none"])
 def test_layer_norm(shape, affine):
     C = shape[-1]
