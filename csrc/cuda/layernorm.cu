@@ -45,6 +45,16 @@ __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict_
     }
 }
 
+// v (W,) = p[at .. at + W) (16-byte aligned, W % 4 == 0), or `fill` where p is null
+template <int W>
+__device__ __forceinline__ void load_floats(float (&v)[W], const float* __restrict__ p, int at, float fill) {
+#pragma unroll
+    for (int k = 0; k < W; k += 4) {
+        float4 q = p ? *reinterpret_cast<const float4*>(p + at + k) : make_float4(fill, fill, fill, fill);
+        v[k] = q.x, v[k + 1] = q.y, v[k + 2] = q.z, v[k + 3] = q.w;
+    }
+}
+
 // The same with 16-byte accesses and the row in registers (one read of x, one write of out): lane l
 // owns chunks l, l + 32, ... (at most CH) of kVec<T> adjacent columns. C % kVec<T> == 0, rows 16-byte
 // aligned.
@@ -84,14 +94,11 @@ __global__ void layernorm_forward_vec_kernel(T* __restrict__ out, float* __restr
     for (int i = 0; i < CH; ++i) {
         const int ch = lane + 32 * i;
         if (ch >= NC) continue;
-        float y[W];
+        float y[W], wk[W], bk[W];
+        load_floats(wk, w, ch * W, 1.f);  // 16-byte loads: lanes read adjacent chunks of w and b
+        load_floats(bk, b, ch * W, 0.f);
 #pragma unroll
-        for (int k = 0; k < W; ++k) {
-            const int c = ch * W + k;
-            y[k] = (xv[i][k] - m) * r;
-            if (w) y[k] *= w[c];
-            if (b) y[k] += b[c];
-        }
+        for (int k = 0; k < W; ++k) y[k] = (xv[i][k] - m) * r * wk[k] + bk[k];
         o[ch] = pack(y);
     }
     if (lane == 0) {
@@ -199,7 +206,7 @@ __global__ void layernorm_backward_vec_kernel(T* __restrict__ dx, float* __restr
         for (int k = 0; k < W; ++k) {
             const int ch = lane + 32 * i, c = ch * W + k;
             acc_dw[i][k] = acc_db[i][k] = 0.f;
-            wc[i][k] = ch < NC ? (w ? w[c] : 1.f) : 0.f;
+            wc[i][k] = ch < NC ? (w ? w[c] : 1.f) : 0.f;  // once per kernel: scalar loads are fine
         }
     for (int64_t row = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += (int64_t)gridDim.x * warps) {
         const uint4* g = reinterpret_cast<const uint4*>(dout + row * C);
@@ -296,7 +303,7 @@ __global__ void layernorm_backward_wide_kernel(T* __restrict__ dx, float* __rest
 }
 
 // 16-byte chunks per lane for rows of C elements of T (1..4), or 0 where the vector kernels do not
-// apply (C % kVec<T> != 0, more than 128 chunks, unaligned pointers)
+// apply (C % kVec<T> != 0, more than 128 chunks, unaligned pointers; null ones count as aligned)
 template <typename T, typename... P>
 int vec_chunks(int64_t C, const P*... ptrs) {
     const bool aligned = ((reinterpret_cast<std::uintptr_t>(ptrs) % 16 == 0) && ...);
@@ -312,7 +319,7 @@ void layernorm_forward_typed(int device, T* out, float* mean, float* rstd, const
     int warps = 8;
     const unsigned grid = (unsigned)ceil_div(N, warps);
     cudaStream_t st = stream(device);
-    switch (vec_chunks<T>(C, out, x)) {
+    switch (vec_chunks<T>(C, out, x, w, b)) {
         case 1: layernorm_forward_vec_kernel<T, 1><<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, w, b, N, (int)C, eps); break;
         case 2: layernorm_forward_vec_kernel<T, 2><<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, w, b, N, (int)C, eps); break;
         case 3: layernorm_forward_vec_kernel<T, 3><<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, w, b, N, (int)C, eps); break;
