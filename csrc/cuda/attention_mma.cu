@@ -102,6 +102,23 @@ __device__ __forceinline__ void to_a_frags(uint32_t (&a)[4][4], const float (&p)
     }
 }
 
+// acc (16 x D, as D / 8 C fragments) += a (16 x 64, as 4 A fragments) @ tile (64 x D, row-major in
+// shared memory with row stride LD, read transposed by ldmatrix): the P V, P^T dO and dS^T Q products
+template <int D, int LD>
+__device__ __forceinline__ void mma_frags_tile(float (&acc)[D / 8][4], const uint32_t (&a)[4][4], const bf16* tile,
+                                               int lane) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+            uint32_t r[4];
+            ldsm_x4_t(r, b_rows_t<LD>(tile, kk * 16, dp * 16, lane));
+            mma(acc[2 * dp], a[kk], r[0], r[1]);
+            mma(acc[2 * dp + 1], a[kk], r[2], r[3]);
+        }
+    }
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 // grid (ceil(T / 64), B * H); a warp owns 16 queries; K/V tiles of 64 keys double-buffered.
@@ -224,16 +241,7 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 2) fwd_kernel(bf16* __
         // O_w (16 x D) += P (16 x 64) V (64 x D)
         uint32_t pa[4][4];
         to_a_frags(pa, s);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-                uint32_t r[4];
-                ldsm_x4_t(r, b_rows_t<LD>(tV, kk * 16, dp * 16, lane));
-                mma(acc[2 * dp], pa[kk], r[0], r[1]);
-                mma(acc[2 * dp + 1], pa[kk], r[2], r[3]);
-            }
-        }
+        mma_frags_tile<D, LD>(acc, pa, tV, lane);
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
     cp_async_wait<0>();
@@ -373,19 +381,8 @@ __global__ void __launch_bounds__(kThreadsB) bwd_kernel(bf16* __restrict__ dk, b
         uint32_t pa[4][4], dsa[4][4];
         to_a_frags(pa, st);
         to_a_frags(dsa, dpt);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-            for (int dp = 0; dp < D / 16; ++dp) {
-                uint32_t r[4];
-                ldsm_x4_t(r, b_rows_t<LD>(sdO, kk * 16, dp * 16, lane));
-                mma(dv_acc[2 * dp], pa[kk], r[0], r[1]);
-                mma(dv_acc[2 * dp + 1], pa[kk], r[2], r[3]);
-                ldsm_x4_t(r, b_rows_t<LD>(sQ, kk * 16, dp * 16, lane));
-                mma(dk_acc[2 * dp], dsa[kk], r[0], r[1]);
-                mma(dk_acc[2 * dp + 1], dsa[kk], r[2], r[3]);
-            }
-        }
+        mma_frags_tile<D, LD>(dv_acc, pa, sdO, lane);
+        mma_frags_tile<D, LD>(dk_acc, dsa, sQ, lane);
         __syncthreads();  // all of dS^T is in shared memory
         // dQ (64 queries x D) += dS (64 x BK keys) K (BK keys x D), dS read transposed out of dS^T;
         // warp w computes queries 16 (w % 4).. and the (w / 4)-th of kColSplit slices of the D columns
