@@ -102,6 +102,25 @@ __device__ __forceinline__ void to_a_frags(uint32_t (&a)[4][4], const float (&p)
     }
 }
 
+// c (16 x 64, as 8 C fragments) = a (16 x D, as D / 16 A fragments) @ tile^T, tile (64 x D) row-major
+// in shared memory with row stride LD: the scores S = Q K^T, S^T = K Q^T and dP^T = V dO^T
+template <int D, int LD>
+__device__ __forceinline__ void mma_frags_tile_t(float (&c)[8][4], const uint32_t (&a)[D / 16][4], const bf16* tile,
+                                                 int lane) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+            uint32_t r[4];
+            ldsm_x4(r, bt_rows<LD>(tile, np * 16, kk * 16, lane));
+            mma(c[2 * np], a[kk], r[0], r[1]);
+            mma(c[2 * np + 1], a[kk], r[2], r[3]);
+        }
+    }
+}
+
 // acc (16 x D, as D / 8 C fragments) += a (16 x 64, as 4 A fragments) @ tile (64 x D, row-major in
 // shared memory with row stride LD, read transposed by ldmatrix): the P V, P^T dO and dS^T Q products
 template <int D, int LD>
@@ -187,18 +206,7 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 2) fwd_kernel(bf16* __
         const bf16* tV = sV + buf * BC * LD;
         // S (16 x 64) = Q_w K^T
         float s[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-            for (int np = 0; np < 4; ++np) {
-                uint32_t r[4];
-                ldsm_x4(r, bt_rows<LD>(tK, np * 16, kk * 16, lane));
-                mma(s[2 * np], qa[kk], r[0], r[1]);
-                mma(s[2 * np + 1], qa[kk], r[2], r[3]);
-            }
-        }
+        mma_frags_tile_t<D, LD>(s, qa, tK, lane);
         // mask, scale, online softmax (each row's 64 columns are spread over the 4 lanes of a quad);
         // tiles wholly inside the visible region skip the mask
         const bool full = k0 + BC <= S && (!causal || k0 + BC - 1 <= q0 + off);
@@ -343,23 +351,8 @@ __global__ void __launch_bounds__(kThreadsB) bwd_kernel(bf16* __restrict__ dk, b
         const float* sDelta = sDelta2 + buf * BR;
         // S^T (16 keys x 64 queries) = K_w Q^T;  dP^T = V_w dO^T
         float st[8][4], dpt[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-            for (int np = 0; np < 4; ++np) {
-                uint32_t r[4];
-                ldsm_x4(r, bt_rows<LD>(sQ, np * 16, kk * 16, lane));
-                mma(st[2 * np], ka[kk], r[0], r[1]);
-                mma(st[2 * np + 1], ka[kk], r[2], r[3]);
-                ldsm_x4(r, bt_rows<LD>(sdO, np * 16, kk * 16, lane));
-                mma(dpt[2 * np], va[kk], r[0], r[1]);
-                mma(dpt[2 * np + 1], va[kk], r[2], r[3]);
-            }
-        }
+        mma_frags_tile_t<D, LD>(st, ka, sQ, lane);
+        mma_frags_tile_t<D, LD>(dpt, va, sdO, lane);
         // P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - delta); dS^T also to shared memory for dQ.
         // Tiles wholly inside the visible region skip the mask.
         const bool full = k0 + BK <= S && i0 + BR <= Tq && (!causal || k0 + BK - 1 <= i0 + off);
