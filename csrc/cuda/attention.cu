@@ -19,6 +19,7 @@
 
 #include "common.cuh"
 #include "attention_mma.h"
+#include "attention_wgmma.h"
 #include "fused.h"
 #include "graph.h"
 #include "philox.cuh"
@@ -560,8 +561,10 @@ template <typename T, int DP, bool PRECISE, bool DROPOUT>
 void forward_typed(int device, void* o, float* lse, const void* q, const void* k, const void* v, AttnLayout lq,
                    AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T_, int S, int D, bool causal,
                    float scale, DropoutRule rule, uint64_t seed, uint64_t* key_out) {
-    if constexpr (std::is_same_v<T, __nv_bfloat16> && !DROPOUT) {  // the mma.sync fast path (attention_mma.cu)
-        if (attention_forward_mma(stream(device), o, lse, q, k, v, lq, lk, lv, lo, B, H, T_, S, D, causal, scale))
+    if constexpr (std::is_same_v<T, __nv_bfloat16> && !DROPOUT) {  // the fast paths: wgmma, then mma.sync
+        if (attention_forward_wgmma(device, stream(device), o, lse, q, k, v, lq, lk, lv, lo, B, H, T_, S, D, causal,
+                                    scale) ||
+            attention_forward_mma(stream(device), o, lse, q, k, v, lq, lk, lv, lo, B, H, T_, S, D, causal, scale))
             return;
     }
     auto kernel = attention_forward_kernel<T, DP, PRECISE, DROPOUT>;
@@ -587,8 +590,10 @@ void backward_typed(int device, void* dq, void* dk, void* dv, const void* dout, 
     attention_backward_prep_kernel<T><<<(unsigned)ceil_div(rows, 16), 256, 0, st>>>(delta, (const T*)dout,
                                                                                     (const T*)o, lo, H, T_, D, rows);
     bool done = false;
-    if constexpr (std::is_same_v<T, __nv_bfloat16> && !DROPOUT)  // the mma.sync fast path (attention_mma.cu)
-        done = attention_backward_mma(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T_, S, D,
+    if constexpr (std::is_same_v<T, __nv_bfloat16> && !DROPOUT)  // the fast paths: wgmma, then mma.sync
+        done = attention_backward_wgmma(device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H,
+                                        T_, S, D, causal, scale) ||
+               attention_backward_mma(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T_, S, D,
                                       causal, scale);
     if (!done) {
         auto kernel = attention_backward_kernel<T, DP, PRECISE, DROPOUT>;

@@ -13,28 +13,16 @@
 #include <cuda_bf16.h>
 
 #include "attention_mma.h"
+#include "attention_tiles.cuh"
 #include "common.cuh"
 
 namespace engine {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using namespace attn;
 constexpr int kThreads = 128;  // 4 warps
 constexpr int BR = 64, BC = 64;
-constexpr float kLog2e = 1.4426950408889634f, kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, zero-filled when !pred
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool pred) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -54,11 +42,6 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // Address of this lane's row for ldmatrix x4 over a 16 x 16 block at (r0, c0) of a row-major tile:
@@ -140,19 +123,7 @@ __device__ __forceinline__ void mma_frags_tile(float (&acc)[D / 8][4], const uin
 
 // ---- forward ------------------------------------------------------------------------------------
 
-// grid (ceil(T / 64), B * H); a warp owns 16 queries; K/V tiles of 64 keys double-buffered.
-// Blocks start in blockIdx order, and under a causal mask their work differs: a query tile sees
-// more keys the later it is, a key tile more queries the earlier it is. A 1-D grid enumerates
-// (batch, tile rank, head), head fastest, and rank 0 is the heaviest tile, so each batch element's
-// blocks go heaviest first and the grid ends on light blocks instead of a long straggler.
-struct TileOrder {
-    int tile, bh;
-};
-__device__ __forceinline__ TileOrder tile_order(int tiles, int H, bool heavy_last) {
-    const int per_b = tiles * H, r = blockIdx.x % per_b, rank = r / H;
-    return {heavy_last ? tiles - 1 - rank : rank, (int)(blockIdx.x / per_b) * H + r % H};
-}
-
+// grid ceil(T / 64) * B * H (attn::tile_order); a warp owns 16 queries; K/V tiles of 64 keys double-buffered.
 template <int D>
 __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 2) fwd_kernel(bf16* __restrict__ o, float* __restrict__ lse,
                                                        const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -457,10 +428,6 @@ void backward_d(cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* 
     bwd_kernel<D><<<grid, kThreadsB, bytes, st>>>((bf16*)dk, (bf16*)dv, dq_acc, (const bf16*)dout, (const bf16*)q,
                                                  (const bf16*)k, (const bf16*)v, lse, delta, lq, lk, lv, lo, H, T, S,
                                                  causal, scale, scale * kLog2e);
-}
-
-bool aligned16(const void* p, AttnLayout l) {
-    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && l.sb % 8 == 0 && l.sh % 8 == 0 && l.st % 8 == 0;
 }
 
 }  // namespace

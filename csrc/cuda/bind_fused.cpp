@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "attention_wgmma.h"
 #include "fused.h"
 
 namespace py = pybind11;
@@ -24,6 +25,11 @@ AttnLayout L(const std::vector<int64_t>& s) {
 }  // namespace
 
 void bind_fused(py::module_& m) {
+    m.def("attention_wgmma_built", &attention_wgmma_built);
+    m.def("attention_wgmma_key_tile", &attention_wgmma_key_tile, py::arg("bn"),
+          "the Hopper attention forward's key tile (64 or 128, 0 = off); returns the previous one");
+    m.def("attention_wgmma_backward", &attention_wgmma_backward, py::arg("enabled"),
+          "whether the Hopper attention backward may run; returns the previous setting");
     m.def("attention_forward", [](int device, int dtype, addr o, addr lse, addr q, addr k, addr v,
                                   const std::vector<int64_t>& lq, const std::vector<int64_t>& lk,
                                   const std::vector<int64_t>& lv, const std::vector<int64_t>& lo, int B, int H, int T,

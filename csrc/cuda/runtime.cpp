@@ -133,6 +133,17 @@ int sm_count(int device) {
     return count[device];
 }
 
+int compute_capability(int device) {
+    static int cc[64] = {};
+    if (cc[device] == 0) {
+        int major = 0, minor = 0;
+        check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "compute capability");
+        check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "compute capability");
+        cc[device] = 10 * major + minor;
+    }
+    return cc[device];
+}
+
 cudaStream_t stream(int device) {
     DevicePool& p = pool(device);
     if (p.stream == nullptr) {

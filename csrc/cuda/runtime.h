@@ -28,6 +28,7 @@ std::string cuda_status();   // "" when usable, else why not (no driver, no devi
 void use_device(int device); // cudaSetDevice, skipped when already current on this thread
 cudaStream_t stream(int device);  // the one stream all of engine's work on `device` goes to
 int sm_count(int device);         // streaming multiprocessors of `device` (cached)
+int compute_capability(int device);  // 10 * major + minor of `device` (cached): 90 for H100 / H200
 
 // Caching allocator: blocks freed by engine go back to a per-device pool and are reused by later
 // allocations on the same stream (stream order makes that safe without a sync). cudaMalloc only

@@ -1,0 +1,123 @@
+"""The fused causal attention alone, forward and backward, bf16, on one GPU: engine's kernels next to
+PyTorch's scaled_dot_product_attention (cuDNN and FlashAttention backends) from the same run.
+
+Engine rows: the Hopper kernels (csrc/cuda/attention_wgmma.cu; the forward with each key tile) and
+the mma.sync kernels (csrc/cuda/attention_mma.cu) they replace. Prints one
+JSON line per implementation: ms per call (mean over --iters after --warmup), TFLOP/s counting the
+causal half of the (B, H, T, T) products, and the ratio to PyTorch's fastest backend (above 1 is
+faster than PyTorch).
+
+    python bench/attention.py                         # gpt2_124m's attention: B 16, H 12, T 1024, D 64
+    python bench/attention.py --batch 64 --heads 6 --seq 256
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's engine
+
+import engine  # noqa: E402
+from engine.backends import cuda as gpu  # noqa: E402
+
+
+def _time(fn, iters: int, warmup: int, sync) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / iters * 1e3
+
+
+def bench_engine(B, H, T, D, iters, warmup, key_tile: int, wgmma_backward: bool) -> dict:
+    rng = np.random.default_rng(0)
+    q, k, v, g = (gpu.astype(gpu.from_numpy(rng.standard_normal((B, H, T, D)).astype(np.float32)), engine.bfloat16)
+                  for _ in range(4))
+    scale = D ** -0.5
+    prev = gpu._C.attention_wgmma_key_tile(key_tile), gpu._C.attention_wgmma_backward(wgmma_backward)
+    try:
+        out, lse, _ = gpu.attention(q, k, v, True, scale)
+        fwd = _time(lambda: gpu.attention(q, k, v, True, scale), iters, warmup, engine.cuda.synchronize)
+        bwd = _time(lambda: gpu.attention_backward(g, q, k, v, out, lse, True, scale), iters, warmup,
+                    engine.cuda.synchronize)
+    finally:
+        gpu._C.attention_wgmma_key_tile(prev[0])
+        gpu._C.attention_wgmma_backward(prev[1])
+    name = f"engine wgmma (forward key tile {key_tile})" if key_tile else "engine mma.sync"
+    return {"impl": name, "fwd_ms": round(fwd, 4), "bwd_ms": round(bwd, 4)}
+
+
+def bench_torch(B, H, T, D, iters, warmup, backend_name: str) -> dict | None:
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as TF
+
+    backend = getattr(SDPBackend, backend_name)
+    q, k, v, g = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    try:
+        with sdpa_kernel(backend):
+            out = TF.scaled_dot_product_attention(q, k, v, is_causal=True)
+            fwd = _time(lambda: TF.scaled_dot_product_attention(q, k, v, is_causal=True), iters, warmup,
+                        torch.cuda.synchronize)
+            bwd = _time(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True), iters, warmup,
+                        torch.cuda.synchronize)
+    except RuntimeError as e:  # that backend does not take these inputs on this GPU
+        print(f"torch {backend_name}: not available ({str(e).splitlines()[0]})", file=sys.stderr)
+        return None
+    return {"impl": f"torch sdpa {backend_name.lower()}", "fwd_ms": round(fwd, 4), "bwd_ms": round(bwd, 4)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--no-torch", action="store_true", help="skip PyTorch's rows")
+    args = ap.parse_args(argv)
+    if not engine.cuda.is_available():
+        print(f"needs a GPU: {engine.cuda.unavailable_reason()}", file=sys.stderr)
+        return 1
+    B, H, T, D = args.batch, args.heads, args.seq, args.head_dim
+    flops_fwd = 4 * B * H * T * T * D / 2  # S = Q K^T and P V over the causal half
+    rows = []
+    kernels = ((64, True), (128, True), (0, False)) if gpu._C.attention_wgmma_built() else ((0, False),)
+    for tile, wgmma_backward in kernels:
+        rows.append(bench_engine(B, H, T, D, args.iters, args.warmup, tile, wgmma_backward))
+    if not args.no_torch:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("torch is not importable: PyTorch rows skipped", file=sys.stderr)
+        else:
+            for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION"):
+                row = bench_torch(B, H, T, D, args.iters, args.warmup, backend)
+                if row is not None:
+                    rows.append(row)
+    torch_rows = [r for r in rows if r["impl"].startswith("torch")]
+    best_fwd = min((r["fwd_ms"] for r in torch_rows), default=None)
+    best_bwd = min((r["bwd_ms"] for r in torch_rows), default=None)
+    for r in rows:
+        r.update(shape=[B, H, T, D], fwd_tflops=round(flops_fwd / r["fwd_ms"] / 1e9, 1),
+                 bwd_tflops=round(2.5 * flops_fwd / r["bwd_ms"] / 1e9, 1))
+        if best_fwd:
+            r["fwd_vs_torch"] = round(best_fwd / r["fwd_ms"], 3)
+            r["bwd_vs_torch"] = round(best_bwd / r["bwd_ms"], 3)
+        print(json.dumps(r), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The Hopper attention kernels (csrc/cuda/attention_wgmma.cu, wgmma, head dim 64), forward (both key
+tiles) and backward, against the CPU reference and against the mma.sync kernels they replace.
+Tolerance as test_attention.py's bf16: 3e-2 of the largest reference value (inputs rounded to bf16
+on both sides, probabilities rounded to bf16 before the products on the GPU only)."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import engine
+from engine.backends import cpu
+from engine.backends import cuda as gpu
+
+TOL = 3e-2
+
+
+def _bf16(a: np.ndarray):
+    """a (float32) on the GPU as bf16, and the rounded values back as float32 (both sides' inputs)."""
+    x = gpu.astype(gpu.from_numpy(np.ascontiguousarray(a, dtype=np.float32)), engine.bfloat16)
+    return x, _download(x)
+
+
+def _download(x) -> np.ndarray:
+    return gpu.to_numpy(gpu.astype(x, engine.float32))
+
+
+def _rel(got, want) -> float:
+    return float(np.max(np.abs(got - want)) / max(1e-30, float(np.max(np.abs(want)))))
+
+
+def _inputs(shape_q, shape_kv, seed):
+    """(q, k, v, dout) as bf16 GPU arrays and as their float32 values."""
+    rng = np.random.default_rng(seed)
+    pairs = [_bf16(rng.standard_normal(s)) for s in (shape_q, shape_kv, shape_kv, shape_q)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _hopper() -> bool:
+    return engine.cuda.is_available() and engine.cuda.get_device_capability() == (9, 0)
+
+
+@contextlib.contextmanager
+def _kernels(bn: int, backward: bool):
+    """bf16 attention on the wgmma forward with key tile `bn` (0: the mma.sync forward) and the wgmma
+    backward where `backward` (else the mma.sync one)."""
+    prev = gpu._C.attention_wgmma_key_tile(bn), gpu._C.attention_wgmma_backward(backward)
+    try:
+        yield
+    finally:
+        gpu._C.attention_wgmma_key_tile(prev[0])
+        gpu._C.attention_wgmma_backward(prev[1])
+
+
+KERNELS = [pytest.param(64, True, id="wgmma-64"), pytest.param(128, True, id="wgmma-128"),
+           pytest.param(0, False, id="mma")]
+
+
+def test_default_build_has_the_hopper_kernel():
+    if not _hopper():
+        pytest.skip("needs a compute capability 9.0 GPU (H100 / H200)")
+    assert gpu._C.attention_wgmma_built(), \
+        "engine._C was built without sm_90a (ENGINE_CUDA_ARCHS); the attention forward falls back to mma.sync"
+
+
+def test_key_tile_rejects_other_sizes():
+    prev = gpu._C.attention_wgmma_key_tile(64)
+    try:
+        with pytest.raises(ValueError, match="64 or 128"):
+            gpu._C.attention_wgmma_key_tile(96)
+    finally:
+        gpu._C.attention_wgmma_key_tile(prev)
+
+
+@pytest.mark.parametrize("bn,backward", KERNELS)
+@pytest.mark.parametrize("B,H,T,S,causal", [(2, 3, 64, 64, True), (2, 3, 128, 128, True), (1, 2, 37, 130, True),
+                                            (1, 1, 1, 9, True), (2, 2, 256, 256, True), (1, 3, 330, 400, True),
+                                            (2, 2, 129, 129, False), (1, 2, 200, 333, False), (1, 2, 130, 70, True),
+                                            (3, 4, 1024, 1024, True)])
+def test_matches_cpu(bn, backward, B, H, T, S, causal):
+    (Q, K, V, G), (q, k, v, g) = _inputs((B, H, T, 64), (B, H, S, 64), seed=T + 7 * S + bn)
+    scale = 0.125
+    out_c, lse_c, _ = cpu.attention(q, k, v, causal, scale)
+    with _kernels(bn, backward):
+        out, lse, _ = gpu.attention(Q, K, V, causal, scale)
+        dq, dk, dv = gpu.attention_backward(G, Q, K, V, out, lse, causal, scale)
+    assert out.dtype is engine.bfloat16
+    assert _rel(_download(out), out_c) < TOL
+    lse_g = gpu.to_numpy(lse)
+    finite = np.isfinite(lse_c)  # a query that sees no key (T > S, causal) has lse -inf and output 0
+    assert np.array_equal(np.isfinite(lse_g), finite)
+    np.testing.assert_allclose(lse_g[finite], lse_c[finite], atol=TOL * 10, rtol=TOL)
+    assert np.all(_download(out)[~finite] == 0)
+    dq_c, dk_c, dv_c = cpu.attention_backward(g, q, k, v, out_c, lse_c, causal, scale)
+    for got, want, name in ((dq, dq_c, "dq"), (dk, dk_c, "dk"), (dv, dv_c, "dv")):
+        assert _rel(_download(got), want) < TOL * 2, name
+
+
+@pytest.mark.parametrize("bn", [64, 128])
+@pytest.mark.parametrize("causal", [True, False])
+def test_matches_the_mma_kernels(bn, causal):
+    """Same inputs through the wgmma and the mma.sync kernels: they differ only in accumulation order
+    (and the backward's dQ, by atomics, in summation order), so they agree far tighter than either
+    does with the float32 reference."""
+    (Q, K, V, G), _ = _inputs((2, 6, 512, 64), (2, 6, 512, 64), seed=11)
+    res = {}
+    for name, tile, backward in (("mma", 0, False), ("wgmma", bn, True)):
+        with _kernels(tile, backward):
+            out, lse, _ = gpu.attention(Q, K, V, causal, 0.125)
+            grads = gpu.attention_backward(G, Q, K, V, out, lse, causal, 0.125)
+        res[name] = [_download(x) for x in (out, *grads)] + [gpu.to_numpy(lse)]
+    for i, what in enumerate(("out", "dq", "dk", "dv")):
+        assert _rel(res["wgmma"][i], res["mma"][i]) < 1e-2, what
+    np.testing.assert_allclose(res["wgmma"][4], res["mma"][4], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bn,backward", KERNELS)
+def test_reads_packed_qkv(bn, backward):
+    """Q, K, V as strided views into one packed (B, T, 3 H 64) projection, as in GPT."""
+    B, T, H = 2, 200, 4
+    rng = np.random.default_rng(5)
+    (QKV, qkv), (G, g) = _bf16(rng.standard_normal((B, T, 3 * H * 64))), _bf16(rng.standard_normal((B, T, H * 64)))
+    out_c, lse_c, _ = cpu.attention_qkv(qkv, H, True, 0.125)
+    dqkv_c = cpu.attention_qkv_backward(g, qkv, out_c, lse_c, H, True, 0.125)
+    with _kernels(bn, backward):
+        out, lse, _ = gpu.attention_qkv(QKV, H, True, 0.125)
+        dqkv = gpu.attention_qkv_backward(G, QKV, out, lse, H, True, 0.125)
+    assert _rel(_download(out), out_c) < TOL
+    np.testing.assert_allclose(gpu.to_numpy(lse), lse_c, atol=TOL * 10, rtol=TOL)
+    assert _rel(_download(dqkv), dqkv_c) < 2 * TOL
