@@ -3,9 +3,11 @@
 Inside the context, on CUDA tensors: linear layers, matmul-heavy attention and embedding outputs
 run in bfloat16 (cuBLASLt bf16 with float32 accumulation), so activations (and their gradients)
 are bf16 in memory; layer norm, softmax and cross-entropy read bf16 and keep their statistics in
-float32; the loss is float32. Parameters stay float32 (the master weights): each use casts them to
-bf16, and the cast's backward turns their bf16 gradients back into float32, so the optimizer and
-its state never see bf16. Outside the context (and on the CPU) nothing changes.
+float32; the loss is float32. Parameters stay float32 (the master weights), and the optimizer and
+its state never see bf16: a linear layer casts its weight for the GEMM itself and writes the weight
+and bias gradients in float32 straight from the GEMM and the bias-gradient kernel; other uses cast
+the parameter to bf16, and the cast's backward turns the bf16 gradient back into float32. Outside
+the context (and on the CPU) nothing changes.
 """
 from __future__ import annotations
 

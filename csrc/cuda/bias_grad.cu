@@ -1,7 +1,8 @@
 // The Linear layer's bias gradient: db (O,) = column sums of the output's gradient g (N, O), summed
-// in float32. With the MLP's GELU, the same pass runs the GELU backward first (dpre = gelu'(pre) * g,
-// written out for the weight and input gradients' GEMMs), so that bias gradient costs no pass of
-// its own.
+// in float32 and written as g's dtype or as float32 (a bf16 g under autocast: the float32 master
+// bias's gradient, without a cast). With the MLP's GELU, the same pass runs the GELU backward first
+// (dpre = gelu'(pre) * g, written out for the weight and input gradients' GEMMs), so that bias
+// gradient costs no pass of its own.
 //
 // A block is 8 warps x 32 lanes: lane l owns 16 bytes of columns (8 bf16 or 4 float32) of the
 // block's column strip, warp w the rows w, w + 8, ... of the block's chunk of rows; a warp thus
@@ -71,8 +72,9 @@ __global__ void __launch_bounds__(256) bias_grad_kernel(float* __restrict__ part
     }
 }
 
-template <typename T>
-void bias_grad_typed(int device, T* db, T* dpre, const T* g, const T* pre, int64_t N, int64_t O) {
+// db (O,) of DB (T, or float32)
+template <typename T, typename DB>
+void bias_grad_typed(int device, DB* db, T* dpre, const T* g, const T* pre, int64_t N, int64_t O) {
     constexpr int V = Vec16<T>::n;
     cudaStream_t st = stream(device);
     const unsigned int strips = (unsigned int)ceil_div(O, 32 * V);
@@ -84,7 +86,7 @@ void bias_grad_typed(int device, T* db, T* dpre, const T* g, const T* pre, int64
     dim3 grid(strips, (unsigned int)chunks);
     if (pre) bias_grad_kernel<T, true><<<grid, 256, 0, st>>>(part, dpre, g, pre, N, (int)O, rows);
     else bias_grad_kernel<T, false><<<grid, 256, 0, st>>>(part, nullptr, g, nullptr, N, (int)O, rows);
-    sum_parts_kernel<T><<<(unsigned int)ceil_div(O, 32), dim3(32, 32), 0, st>>>(db, part, (int)chunks, (int)O);
+    sum_parts_kernel<DB><<<(unsigned int)ceil_div(O, 32), dim3(32, 32), 0, st>>>(db, part, (int)chunks, (int)O);
     device_free(part, block, device);
 }
 
@@ -93,13 +95,20 @@ bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) % 16
 }  // namespace
 
 bool linear_bias_grad(int device, int dtype, void* db, void* dpre, const void* g, const void* pre, int64_t N,
-                      int64_t O) {
+                      int64_t O, int db_dtype) {
     const int V = dtype == BF16 ? 8 : 4;
     if ((dtype != F32 && dtype != BF16) || N == 0 || O == 0 || O % V != 0 || O > INT32_MAX) return false;
+    if (db_dtype < 0) db_dtype = dtype;
+    if (db_dtype != dtype && db_dtype != F32)
+        throw std::invalid_argument(std::string("engine op 'bias_grad': db must be ") + dtype_name(dtype) +
+                                    " (g's dtype) or float32, got " + dtype_name(db_dtype));
     if (!aligned16(g) || (pre && (!aligned16(pre) || !aligned16(dpre)))) return false;
     use_device(device);
-    if (dtype == BF16) bias_grad_typed<bf16>(device, (bf16*)db, (bf16*)dpre, (const bf16*)g, (const bf16*)pre, N, O);
-    else bias_grad_typed<float>(device, (float*)db, (float*)dpre, (const float*)g, (const float*)pre, N, O);
+    if (dtype == F32)
+        bias_grad_typed<float, float>(device, (float*)db, (float*)dpre, (const float*)g, (const float*)pre, N, O);
+    else if (db_dtype == F32)
+        bias_grad_typed<bf16, float>(device, (float*)db, (bf16*)dpre, (const bf16*)g, (const bf16*)pre, N, O);
+    else bias_grad_typed<bf16, bf16>(device, (bf16*)db, (bf16*)dpre, (const bf16*)g, (const bf16*)pre, N, O);
     check_launch(pre ? "gelu_backward_bias_grad" : "bias_grad");
     return true;
 }

@@ -64,9 +64,13 @@ void bind_fused(py::module_& m) {
         layernorm_backward_dt(device, dtype, P(dx), P<float>(dw), P<float>(db), P(dout), P(x), P<const float>(w),
                               P<const float>(mean), P<const float>(rstd), N, C);
     });
-    m.def("linear_bias_grad", [](int device, int dtype, addr db, addr dpre, addr g, addr pre, int64_t N, int64_t O) {
-        return linear_bias_grad(device, dtype, P(db), P(dpre), P(g), P(pre), N, O);
-    });
+    m.def(
+        "linear_bias_grad",
+        [](int device, int dtype, addr db, addr dpre, addr g, addr pre, int64_t N, int64_t O, int db_dtype) {
+            return linear_bias_grad(device, dtype, P(db), P(dpre), P(g), P(pre), N, O, db_dtype);
+        },
+        py::arg("device"), py::arg("dtype"), py::arg("db"), py::arg("dpre"), py::arg("g"), py::arg("pre"),
+        py::arg("N"), py::arg("O"), py::arg("db_dtype") = -1);  // db_dtype -1: g's dtype
     m.def("cross_entropy_forward_dt", [](int device, int dtype, addr losses, addr lse, addr logits, addr targets,
                                          int64_t N, int64_t V, int64_t ignore_index) {
         cross_entropy_forward_dt(device, dtype, P<float>(losses), P<float>(lse), P(logits), P<const int64_t>(targets),

@@ -50,12 +50,12 @@ bool cast_bf16_vec(int device, int src, int dst, void* out, const void* x, int64
 void where_bf16(int device, void* out, const void* cond, const void* a, const void* b, double sa, double sb, bool as,
                 bool bs, const Strided& s, int64_t n);
 
-// bias_grad.cu: the Linear bias gradient db (O,) = column sums of g (N, O), dtype F32 or BF16 (db,
-// dpre, pre of the same dtype; float32 sums). With pre: the GELU backward first, dpre = gelu'(pre) * g
-// written out, and db its column sums. False (nothing launched) unless O is a multiple of 16 bytes of
-// the dtype and the pointers are 16-byte aligned.
+// bias_grad.cu: the Linear bias gradient db (O,) = column sums of g (N, O), dtype F32 or BF16 (dpre,
+// pre of the same dtype; float32 sums); db of db_dtype: -1 for dtype, or F32. With pre: the GELU
+// backward first, dpre = gelu'(pre) * g written out, and db its column sums. False (nothing launched)
+// unless O is a multiple of 16 bytes of the dtype and the pointers are 16-byte aligned.
 bool linear_bias_grad(int device, int dtype, void* db, void* dpre, const void* g, const void* pre, int64_t N,
-                      int64_t O);
+                      int64_t O, int db_dtype = -1);
 
 // layernorm.cu: layer_norm over the last axis with x / out / dout / dx of `dtype` (F32 or BF16);
 // weights, biases, mean, rstd and the weight gradients are float32 (statistics in float32).

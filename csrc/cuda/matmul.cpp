@@ -1,5 +1,6 @@
 // Matrix multiplication through cuBLASLt (row-major, batched, transposes; TF32 for float32; bf16 with
-// float32 accumulation).
+// float32 accumulation, written out as bf16 or, with out_dtype F32, as float32: the weight gradient of
+// float32 master weights under autocast, without a bf16 copy and a cast).
 //
 // Row-major C (M, N) = A (M, K) B (K, N) is column-major C^T (N, M) = B^T (N, K) A^T (K, M), so
 // cuBLASLt is called with the operands swapped: its "A" is our b and its "B" is our a. Plans
@@ -10,7 +11,9 @@
 // BIAS c = a b + bias; GELU_BIAS c = gelu(a b + bias) with the pre-activation written to aux (the
 // backward's input); BGRAD c = a b and bias = row sums of op(a) (the bias gradient, from the weight
 // gradient's GEMM). In cuBLAS terms our output columns are its rows, so our bias (N,) is its
-// per-row bias (EPILOGUE_BIAS), and our op(a)'s rows are its B's columns (EPILOGUE_BGRADB).
+// per-row bias (EPILOGUE_BIAS), and our op(a)'s rows are its B's columns (EPILOGUE_BGRADB). The bias
+// (and its gradient) is of the output's dtype: cuBLASLt (13.x, H200) refuses a float32 bias beside a
+// bf16 output, so autocast's float32 master bias is cast for the forward.
 #include <cublasLt.h>
 
 #include <cstring>
@@ -31,7 +34,7 @@ void check_lt(cublasStatus_t s, const char* what) {
 }
 
 struct Key {
-    int dtype, tf32, ta, tb, align_a, align_b, align_c, epilogue;
+    int dtype, out_dtype, tf32, ta, tb, align_a, align_b, align_c, epilogue;
     int64_t batch, M, N, K, sa, sb, sc;
     bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 };
@@ -94,11 +97,13 @@ void set_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
              "layout");
 }
 
+cudaDataType_t lt_type(int dtype) { return dtype == F64 ? CUDA_R_64F : dtype == BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
 Plan make_plan(DeviceLt& d, const Key& k) {
     Plan p;
     bool f64 = k.dtype == F64;
-    // bf16: bf16 operands and result, float32 accumulation and scaling
-    cudaDataType_t dt = f64 ? CUDA_R_64F : k.dtype == BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    // bf16: bf16 operands, float32 accumulation and scaling, a bf16 or float32 result
+    cudaDataType_t dt = lt_type(k.dtype), out_t = lt_type(k.out_dtype);
     cudaDataType_t scale_t = f64 ? CUDA_R_64F : CUDA_R_32F;
     cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F : (k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
     check_lt(cublasLtMatmulDescCreate(&p.op, ct, scale_t), "matmul desc");
@@ -110,7 +115,7 @@ Plan make_plan(DeviceLt& d, const Key& k) {
     if (k.epilogue != EPI_NONE) {
         cublasLtEpilogue_t epi = lt_epilogue(k.epilogue);
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue");
-        cudaDataType_t bias_t = dt;  // bias (and its gradient) in the output's type
+        cudaDataType_t bias_t = out_t;  // bias (and its gradient) in the output's type
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof(bias_t)),
                  "epilogue");
         if (k.epilogue == EPI_GELU_BIAS || k.epilogue == EPI_GELU) {
@@ -125,7 +130,7 @@ Plan make_plan(DeviceLt& d, const Key& k) {
     // our a: (M, K) row-major = (K, M) col-major, ld K; transposed: (K, M) row-major = (M, K) col-major, ld M
     if (!k.ta) check_lt(cublasLtMatrixLayoutCreate(&p.lb, dt, k.K, k.M, k.K), "layout");
     else check_lt(cublasLtMatrixLayoutCreate(&p.lb, dt, k.M, k.K, k.M), "layout");
-    check_lt(cublasLtMatrixLayoutCreate(&p.lc, dt, k.N, k.M, k.N), "layout");
+    check_lt(cublasLtMatrixLayoutCreate(&p.lc, out_t, k.N, k.M, k.N), "layout");
     if (k.batch > 1) {
         set_batch(p.la, k.batch, k.sb);
         set_batch(p.lb, k.batch, k.sa);
@@ -163,12 +168,13 @@ bool allow_tf32() { return g_allow_tf32; }
 namespace {
 
 // the cached plan for one call (creating it on first use); the caller holds g_mutex
-const Plan& plan_for(DeviceLt& d, int dtype, int epilogue, void* c, const void* a, const void* b, int64_t batch,
-                     int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b,
-                     int64_t stride_c) {
+const Plan& plan_for(DeviceLt& d, int dtype, int out_dtype, int epilogue, void* c, const void* a, const void* b,
+                     int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
+                     int64_t stride_b, int64_t stride_c) {
     Key k;
     std::memset(&k, 0, sizeof(k));
     k.dtype = dtype;
+    k.out_dtype = out_dtype;
     k.tf32 = dtype == F32 && g_allow_tf32;
     k.ta = trans_a;
     k.tb = trans_b;
@@ -199,34 +205,46 @@ void run_plan(DeviceLt& d, const Plan& p, int device, int dtype, void* c, const 
     check_launch("matmul");
 }
 
+// out_dtype -1 is dtype; otherwise dtype itself, or F32 for BF16 operands
+int checked_out_dtype(const char* op, int dtype, int out_dtype) {
+    if (out_dtype < 0 || out_dtype == dtype) return dtype;
+    if (dtype == BF16 && out_dtype == F32) return out_dtype;
+    throw std::invalid_argument(std::string("engine op '") + op + "': a " + dtype_name(dtype) + " GEMM cannot write " +
+                                dtype_name(out_dtype) + " (out_dtype is the operands' dtype, or float32 for bfloat16 "
+                                "operands)");
+}
+
 }  // namespace
 
 void matmul(int device, int dtype, void* c, const void* a, const void* b, int64_t batch, int64_t M, int64_t N,
-            int64_t K, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b, int64_t stride_c) {
+            int64_t K, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+            int out_dtype) {
     if (dtype != F32 && dtype != F64 && dtype != BF16) unsupported("matmul", dtype);
+    out_dtype = checked_out_dtype("matmul", dtype, out_dtype);
     if (batch == 0 || M == 0 || N == 0) return;
     use_device(device);
     if (K == 0) {
-        fill(device, dtype, c, 0.0, batch * M * N);
+        fill(device, out_dtype, c, 0.0, batch * M * N);
         return;
     }
     std::lock_guard<std::mutex> lock(g_mutex);
     DeviceLt& d = lt(device);
-    const Plan& p = plan_for(d, dtype, EPI_NONE, c, a, b, batch, M, N, K, trans_a, trans_b, stride_a, stride_b,
-                             stride_c);
+    const Plan& p = plan_for(d, dtype, out_dtype, EPI_NONE, c, a, b, batch, M, N, K, trans_a, trans_b, stride_a,
+                             stride_b, stride_c);
     run_plan(d, p, device, dtype, c, a, b);
 }
 
 bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a, const void* b, int64_t M, int64_t N,
-                     int64_t K, bool trans_a, bool trans_b, void* bias, void* aux) {
+                     int64_t K, bool trans_a, bool trans_b, void* bias, void* aux, int out_dtype) {
     if (dtype != F32 && dtype != BF16) return false;
+    out_dtype = checked_out_dtype("matmul_epilogue", dtype, out_dtype);
     if (M == 0 || N == 0 || K == 0) return false;
     if (epilogue < EPI_BIAS || epilogue > EPI_GELU) throw std::invalid_argument("matmul_epilogue: unknown epilogue");
     if ((epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU) && (aux == nullptr || N % 8 != 0)) return false;
     use_device(device);
     std::lock_guard<std::mutex> lock(g_mutex);
     DeviceLt& d = lt(device);
-    const Plan& p = plan_for(d, dtype, epilogue, c, a, b, 1, M, N, K, trans_a, trans_b, 0, 0, 0);
+    const Plan& p = plan_for(d, dtype, out_dtype, epilogue, c, a, b, 1, M, N, K, trans_a, trans_b, 0, 0, 0);
     if (!p.found) return false;
     if (epilogue != EPI_GELU)
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),

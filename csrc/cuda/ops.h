@@ -71,15 +71,18 @@ void sgd(int device, const std::vector<float*>& p, const std::vector<float*>& g,
          bool first_step);
 
 // matmul.cpp (cuBLASLt): C (batch, M, N) = op(A) (batch, M, K) @ op(B) (batch, K, N), row-major,
-// batch strides in elements (0 broadcasts)
+// batch strides in elements (0 broadcasts). A and B are `dtype`; C is out_dtype: -1 for dtype, or F32
+// with BF16 operands (float32 accumulation written as float32).
 void matmul(int device, int dtype, void* c, const void* a, const void* b, int64_t batch, int64_t M, int64_t N,
-            int64_t K, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b, int64_t stride_c);
+            int64_t K, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+            int out_dtype = -1);
 // The same GEMM (no batch) with an epilogue of the Linear layer (matmul.cpp's header says what each
 // does): c (M, N); bias (N,) for BIAS / GELU_BIAS, (M,) written for BGRAD; aux (M, N) written for
-// GELU_BIAS / GELU. Returns false, doing nothing, where cuBLASLt offers no algorithm for it.
+// GELU_BIAS / GELU; out_dtype as for matmul, and the bias of it. Returns false, doing nothing, where
+// cuBLASLt offers no algorithm for it.
 enum MatmulEpilogue { EPI_NONE = 0, EPI_BIAS = 1, EPI_GELU_BIAS = 2, EPI_BGRAD = 3, EPI_GELU = 4 };
 bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a, const void* b, int64_t M, int64_t N,
-                     int64_t K, bool trans_a, bool trans_b, void* bias, void* aux);
+                     int64_t K, bool trans_a, bool trans_b, void* bias, void* aux, int out_dtype = -1);
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 

@@ -235,13 +235,17 @@ def linear(x: Array, w: Array, b, activation: str | None):
     return _gelu(pre), pre
 
 
-def linear_backward(grad: Array, x: Array, w: Array, pre, activation: str | None, need: tuple):
-    """grad (N, O) of linear's out -> dx (N, I), dw (O, I), db (O,); None where `need` (x, w, b) is False."""
+def linear_backward(grad: Array, x: Array, w: Array, pre, activation: str | None, need: tuple,
+                    param_dtype: DType | None = None):
+    """grad (N, O) of linear's out -> dx (N, I), dw (O, I), db (O,); None where `need` (x, w, b) is False.
+    dw and db in param_dtype (None: x's), as the CUDA backend."""
     if activation is not None:
         grad = gelu_backward(pre, grad)
     dx = matmul(grad, w) if need[0] else None
     dw = matmul(grad, x, transpose_a=True) if need[1] else None
     db = grad.sum(axis=0, dtype=grad.dtype) if need[2] else None
+    if param_dtype is not None:
+        dw, db = (astype(a, param_dtype) if a is not None else None for a in (dw, db))
     return dx, dw, db
 
 

@@ -674,39 +674,60 @@ def linear(x: CudaArray, w: CudaArray, b, activation: str | None):
     return (y, None) if activation is None else (unary("gelu", y), y)
 
 
-def _bias_grad(g: CudaArray, pre=None):
-    """db (O,) = column sums of g (N, O); with pre, the GELU backward first, dpre = gelu'(pre) * g, in
-    the same pass. -> (db, dpre or None), or (None, None) where the kernel does not apply (float64, a
-    width not a multiple of 16 bytes, unaligned data)."""
-    db = _empty((g.shape[1],), g.dtype, g.device)
+def _bias_grad(g: CudaArray, pre=None, db_dtype: DType | None = None):
+    """db (O,) = column sums of g (N, O), of db_dtype (None: g's; or float32); with pre, the GELU backward
+    first, dpre = gelu'(pre) * g, in the same pass. -> (db, dpre or None), or (None, None) where the kernel
+    does not apply (float64, a width not a multiple of 16 bytes, unaligned data)."""
+    db_dtype = g.dtype if db_dtype is None else db_dtype
+    if db_dtype not in (g.dtype, float32):
+        return None, None
+    db = _empty((g.shape[1],), db_dtype, g.device)
     dpre = _empty(pre.shape, pre.dtype, pre.device) if pre is not None else None
     if _C.linear_bias_grad(g.device, _CODE[g.dtype], db.ptr, dpre.ptr if dpre is not None else 0, g.ptr,
-                           pre.ptr if pre is not None else 0, *g.shape):
+                           pre.ptr if pre is not None else 0, *g.shape, db_dtype=_CODE[db_dtype]):
         return db, dpre
     return None, None
 
 
-def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation: str | None, need: tuple):
+def _weight_grad(grad: CudaArray, x: CudaArray, dtype: DType) -> CudaArray:
+    """dw (O, I) = grad (N, O)^T @ x (N, I) in `dtype`: x's, or float32 for bf16 x, which cuBLASLt writes
+    from its float32 accumulator (no bf16 dw, no cast)."""
+    if dtype is x.dtype:
+        return matmul(grad, x, transpose_a=True)
+    if not (x.dtype is bfloat16 and dtype is float32):
+        return astype(matmul(grad, x, transpose_a=True), dtype)
+    (N, O), I = grad.shape, x.shape[1]
+    dw = _empty((O, I), dtype, x.device)
+    _C.matmul(x.device, _CODE[x.dtype], dw.ptr, grad.ptr, x.ptr, 1, O, I, N, True, False, 0, 0, 0,
+              out_dtype=_CODE[dtype])
+    return dw
+
+
+def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation: str | None, need: tuple,
+                    param_dtype: DType | None = None):
     """grad (N, O) of linear's out -> dx (N, I), dw (O, I), db (O,); None where `need` (x, w, b) is
-    False. The bias gradient is engine's column-sum kernel, which also runs the GELU backward in the
-    same pass; cuBLASLt's BGRADB epilogue (a separate pass too) is the fallback where it does not apply."""
+    False. dx is x's dtype; dw and db are param_dtype's (None: x's), float32 for bf16 x and w under
+    autocast: the weight gradient's GEMM and the bias-gradient kernel write float32 themselves. The bias
+    gradient is engine's column-sum kernel, which also runs the GELU backward in the same pass;
+    cuBLASLt's BGRADB epilogue (a separate pass too) is the fallback where it does not apply."""
     if grad.dtype is not x.dtype:
         grad = astype(grad, x.dtype)
-    db, dpre = _bias_grad(grad, pre if activation is not None else None) if need[2] else (None, None)
+    pdt = x.dtype if param_dtype is None else param_dtype
+    db, dpre = _bias_grad(grad, pre if activation is not None else None, pdt) if need[2] else (None, None)
     if activation is not None:
         grad = dpre if dpre is not None else gelu_backward(pre, grad)
     dx = matmul(grad, w) if need[0] else None
     dw = None
-    if need[1] and need[2] and db is None and x.dtype in (float32, bfloat16):
+    if need[1] and need[2] and db is None and x.dtype in (float32, bfloat16) and pdt in (x.dtype, float32):
         (N, O), I = grad.shape, x.shape[1]
-        dw, db = _empty((O, I), x.dtype, x.device), _empty((O,), x.dtype, x.device)
+        dw, db = _empty((O, I), pdt, x.device), _empty((O,), pdt, x.device)  # the bias gradient of dw's dtype
         if not _C.matmul_epilogue(x.device, _CODE[x.dtype], _EPI_BGRAD, dw.ptr, grad.ptr, x.ptr, O, I, N, True, False,
-                                  db.ptr, 0):
+                                  db.ptr, 0, out_dtype=_CODE[pdt]):
             dw = db = None
     if need[1] and dw is None:
-        dw = matmul(grad, x, transpose_a=True)
+        dw = _weight_grad(grad, x, pdt)
     if need[2] and db is None:
-        db = sum(grad, (0,), False)
+        db = astype(sum(grad, (0,), False), pdt)
     return dx, dw, db
 
 

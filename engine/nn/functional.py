@@ -27,11 +27,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     if activation not in (None, "gelu"):
         raise ValueError(f"linear: activation must be None or 'gelu', got {activation!r}")
     dt = _autocast_dtype(x)
-    if dt is not None:  # bf16 operands (fp32 master weights: the cast's backward returns fp32 gradients)
-        x, weight = x.type(dt), weight.type(dt)
-        bias = bias.type(dt) if bias is not None else None
+    if dt is not None:  # bf16 activations
+        x = x.type(dt)
+        if weight.dtype is not dtypes.float32 or (bias is not None and bias.dtype is not dtypes.float32):
+            # not float32 master weights (e.g. a model converted to bf16): plain casts, no-ops when bf16 already
+            weight, bias = weight.type(dt), (bias.type(dt) if bias is not None else None)
+            dt = None
     args = (x, weight) if bias is None else (x, weight, bias)
-    return _Linear.apply(*args, activation=activation)
+    # with compute_dtype, the float32 weight and bias go in as they are: Linear casts them for its GEMM
+    # and writes their gradients in float32 itself (no cast kernels for them in the backward)
+    return _Linear.apply(*args, activation=activation, compute_dtype=dt)
 
 
 def relu(x: Tensor) -> Tensor:

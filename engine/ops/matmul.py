@@ -24,12 +24,22 @@ class MatMul(Function):
 
 class Linear(Function):
     """act(x (..., I) @ w (O, I)^T + b (O,)) -> (..., O), act None or "gelu"; batch dims folded into
-    rows for one GEMM, with bias and GELU in the GEMM's epilogue on the GPU."""
+    rows for one GEMM, with bias and GELU in the GEMM's epilogue on the GPU.
 
-    def forward(self, x, w, b=None, activation=None):
+    compute_dtype (autocast's bf16, or None): x is of it already, w and b are float32 master weights.
+    The GEMM runs on w cast once to compute_dtype (the copy kept for the backward's dx) and on b cast
+    too (O values: cuBLASLt's bias epilogue takes no float32 bias beside a bf16 output); the backward
+    writes dw and db in w's dtype directly, so no cast of their gradients runs."""
+
+    def forward(self, x, w, b=None, activation=None, compute_dtype=None):
         be = self.be
         self.x_shape = tuple(x.shape)
         self.x2 = be.reshape(x, (-1, x.shape[-1]))  # (N, I)
+        self.param_dtype = None  # the dtype of dw and db: None for x's
+        if compute_dtype is not None and be.dtype_of(w) is not compute_dtype:
+            self.param_dtype = be.dtype_of(w)
+            w = be.astype(w, compute_dtype)  # (O, I) in compute_dtype, for the forward and dx
+            b = be.astype(b, compute_dtype) if b is not None else None
         self.w, self.activation = w, activation
         out, self.pre = be.linear(self.x2, w, b, activation)  # (N, O), pre-activation (N, O) or None
         return be.reshape(out, self.x_shape[:-1] + (w.shape[0],))
@@ -38,7 +48,8 @@ class Linear(Function):
         be = self.be
         g2 = be.reshape(g, (-1, g.shape[-1]))  # (N, O)
         need = tuple(self.needs_input_grad) + (False,) * (3 - len(self.needs_input_grad))
-        gx, gw, gb = be.linear_backward(g2, self.x2, self.w, self.pre, self.activation, need)
+        gx, gw, gb = be.linear_backward(g2, self.x2, self.w, self.pre, self.activation, need,
+                                        param_dtype=self.param_dtype)
         if gx is not None:
             gx = be.reshape(gx, self.x_shape)
         return (gx, gw, gb)[: len(self.parents)]
