@@ -12,10 +12,9 @@ namespace engine {
 // whether this build has the kernel (ENGINE_CUDA_ARCHS with 90a)
 bool attention_wgmma_built();
 
-// the key tile (64 or 128; 0 turns the path off, for tests and benchmarks); returns the previous one
-int attention_wgmma_key_tile(int bn);
-
-// whether the backward may run here (default true; false for tests and benchmarks); returns the previous
+// whether the forward / the backward may run here (default true; false for tests and benchmarks, which
+// then get attention_mma.cu's kernels); each returns the previous setting
+bool attention_wgmma_forward(bool enabled);
 bool attention_wgmma_backward(bool enabled);
 
 // q (B, H, T, 64), k, v (B, H, S, 64) bf16 -> o (bf16), lse (B * H, T) float32, as attention_forward

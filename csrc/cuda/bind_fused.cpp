@@ -26,8 +26,8 @@ AttnLayout L(const std::vector<int64_t>& s) {
 
 void bind_fused(py::module_& m) {
     m.def("attention_wgmma_built", &attention_wgmma_built);
-    m.def("attention_wgmma_key_tile", &attention_wgmma_key_tile, py::arg("bn"),
-          "the Hopper attention forward's key tile (64 or 128, 0 = off); returns the previous one");
+    m.def("attention_wgmma_forward", &attention_wgmma_forward, py::arg("enabled"),
+          "whether the Hopper attention forward may run; returns the previous setting");
     m.def("attention_wgmma_backward", &attention_wgmma_backward, py::arg("enabled"),
           "whether the Hopper attention backward may run; returns the previous setting");
     m.def("attention_forward", [](int device, int dtype, addr o, addr lse, addr q, addr k, addr v,

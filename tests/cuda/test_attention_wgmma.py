@@ -1,5 +1,5 @@
-"""The Hopper attention kernels (csrc/cuda/attention_wgmma.cu, wgmma, head dim 64), forward (both key
-tiles) and backward, against the CPU reference and against the mma.sync kernels they replace.
+"""The Hopper attention kernels (csrc/cuda/attention_wgmma.cu, wgmma, head dim 64), forward and
+backward, against the CPU reference and against the mma.sync kernels they replace.
 Tolerance as test_attention.py's bf16: 3e-2 of the largest reference value (inputs rounded to bf16
 on both sides, probabilities rounded to bf16 before the products on the GPU only)."""
 from __future__ import annotations
@@ -42,19 +42,17 @@ def _hopper() -> bool:
 
 
 @contextlib.contextmanager
-def _kernels(bn: int, backward: bool):
-    """bf16 attention on the wgmma forward with key tile `bn` (0: the mma.sync forward) and the wgmma
-    backward where `backward` (else the mma.sync one)."""
-    prev = gpu._C.attention_wgmma_key_tile(bn), gpu._C.attention_wgmma_backward(backward)
+def _kernels(wgmma: bool):
+    """bf16 attention on the wgmma kernels, or (False) on the mma.sync ones."""
+    prev = gpu._C.attention_wgmma_forward(wgmma), gpu._C.attention_wgmma_backward(wgmma)
     try:
         yield
     finally:
-        gpu._C.attention_wgmma_key_tile(prev[0])
+        gpu._C.attention_wgmma_forward(prev[0])
         gpu._C.attention_wgmma_backward(prev[1])
 
 
-KERNELS = [pytest.param(64, True, id="wgmma-64"), pytest.param(128, True, id="wgmma-128"),
-           pytest.param(0, False, id="mma")]
+KERNELS = [pytest.param(True, id="wgmma"), pytest.param(False, id="mma")]
 
 
 def test_default_build_has_the_hopper_kernel():
@@ -64,25 +62,16 @@ def test_default_build_has_the_hopper_kernel():
         "engine._C was built without sm_90a (ENGINE_CUDA_ARCHS); the attention forward falls back to mma.sync"
 
 
-def test_key_tile_rejects_other_sizes():
-    prev = gpu._C.attention_wgmma_key_tile(64)
-    try:
-        with pytest.raises(ValueError, match="64 or 128"):
-            gpu._C.attention_wgmma_key_tile(96)
-    finally:
-        gpu._C.attention_wgmma_key_tile(prev)
-
-
-@pytest.mark.parametrize("bn,backward", KERNELS)
+@pytest.mark.parametrize("wgmma", KERNELS)
 @pytest.mark.parametrize("B,H,T,S,causal", [(2, 3, 64, 64, True), (2, 3, 128, 128, True), (1, 2, 37, 130, True),
                                             (1, 1, 1, 9, True), (2, 2, 256, 256, True), (1, 3, 330, 400, True),
                                             (2, 2, 129, 129, False), (1, 2, 200, 333, False), (1, 2, 130, 70, True),
                                             (3, 4, 1024, 1024, True)])
-def test_matches_cpu(bn, backward, B, H, T, S, causal):
-    (Q, K, V, G), (q, k, v, g) = _inputs((B, H, T, 64), (B, H, S, 64), seed=T + 7 * S + bn)
+def test_matches_cpu(wgmma, B, H, T, S, causal):
+    (Q, K, V, G), (q, k, v, g) = _inputs((B, H, T, 64), (B, H, S, 64), seed=T + 7 * S)
     scale = 0.125
     out_c, lse_c, _ = cpu.attention(q, k, v, causal, scale)
-    with _kernels(bn, backward):
+    with _kernels(wgmma):
         out, lse, _ = gpu.attention(Q, K, V, causal, scale)
         dq, dk, dv = gpu.attention_backward(G, Q, K, V, out, lse, causal, scale)
     assert out.dtype is engine.bfloat16
@@ -97,16 +86,15 @@ def test_matches_cpu(bn, backward, B, H, T, S, causal):
         assert _rel(_download(got), want) < TOL * 2, name
 
 
-@pytest.mark.parametrize("bn", [64, 128])
 @pytest.mark.parametrize("causal", [True, False])
-def test_matches_the_mma_kernels(bn, causal):
+def test_matches_the_mma_kernels(causal):
     """Same inputs through the wgmma and the mma.sync kernels: they differ only in accumulation order
     (and the backward's dQ, by atomics, in summation order), so they agree far tighter than either
     does with the float32 reference."""
     (Q, K, V, G), _ = _inputs((2, 6, 512, 64), (2, 6, 512, 64), seed=11)
     res = {}
-    for name, tile, backward in (("mma", 0, False), ("wgmma", bn, True)):
-        with _kernels(tile, backward):
+    for name in ("mma", "wgmma"):
+        with _kernels(name == "wgmma"):
             out, lse, _ = gpu.attention(Q, K, V, causal, 0.125)
             grads = gpu.attention_backward(G, Q, K, V, out, lse, causal, 0.125)
         res[name] = [_download(x) for x in (out, *grads)] + [gpu.to_numpy(lse)]
@@ -115,15 +103,15 @@ def test_matches_the_mma_kernels(bn, causal):
     np.testing.assert_allclose(res["wgmma"][4], res["mma"][4], atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("bn,backward", KERNELS)
-def test_reads_packed_qkv(bn, backward):
+@pytest.mark.parametrize("wgmma", KERNELS)
+def test_reads_packed_qkv(wgmma):
     """Q, K, V as strided views into one packed (B, T, 3 H 64) projection, as in GPT."""
     B, T, H = 2, 200, 4
     rng = np.random.default_rng(5)
     (QKV, qkv), (G, g) = _bf16(rng.standard_normal((B, T, 3 * H * 64))), _bf16(rng.standard_normal((B, T, H * 64)))
     out_c, lse_c, _ = cpu.attention_qkv(qkv, H, True, 0.125)
     dqkv_c = cpu.attention_qkv_backward(g, qkv, out_c, lse_c, H, True, 0.125)
-    with _kernels(bn, backward):
+    with _kernels(wgmma):
         out, lse, _ = gpu.attention_qkv(QKV, H, True, 0.125)
         dqkv = gpu.attention_qkv_backward(G, QKV, out, lse, H, True, 0.125)
     assert _rel(_download(out), out_c) < TOL
