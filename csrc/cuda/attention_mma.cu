@@ -74,17 +74,6 @@ __device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, int64_t st
     }
 }
 
-// P (16 x 64 probabilities of a warp, as 8 C fragments) -> 4 bf16 A fragments (k = the 64 columns)
-__device__ __forceinline__ void to_a_frags(uint32_t (&a)[4][4], const float (&p)[8][4]) {
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        a[kk][0] = pack_bf16(p[2 * kk][0], p[2 * kk][1]);
-        a[kk][1] = pack_bf16(p[2 * kk][2], p[2 * kk][3]);
-        a[kk][2] = pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-        a[kk][3] = pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
-    }
-}
-
 // c (16 x 64, as 8 C fragments) = a (16 x D, as D / 16 A fragments) @ tile^T, tile (64 x D) row-major
 // in shared memory with row stride LD: the scores S = Q K^T, S^T = K Q^T and dP^T = V dO^T
 template <int D, int LD>
@@ -224,20 +213,7 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 2) fwd_kernel(bf16* __
         __syncthreads();  // every warp is done with this buffer before it is refilled
     }
     cp_async_wait<0>();
-    bf16* ob = o + b * lo.sb + h * lo.sh;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        if (row[r] >= Tq) continue;
-        float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-        bf16* orow = ob + (int64_t)row[r] * lo.st;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-            *reinterpret_cast<uint32_t*>(orow + j * 8 + 2 * t) =
-                pack_bf16(acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
-        if (t == 0) lse[(int64_t)bh * Tq + row[r]] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
-    }
+    store_output<D>(o + b * lo.sb + h * lo.sh, lo.st, lse + (int64_t)bh * Tq, acc, l, m, row, Tq, t);
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -283,12 +259,7 @@ __global__ void __launch_bounds__(kThreadsB) bwd_kernel(bf16* __restrict__ dk, b
     auto load_query_tile = [&](int i0, int buf) {
         load_rows<BR, D, LD, kThreadsB>(sQ2 + buf * BR * LD, qb, lq.st, i0, Tq);
         load_rows<BR, D, LD, kThreadsB>(sdO2 + buf * BR * LD, dob, lo.st, i0, Tq);
-        for (int i = threadIdx.x; i < BR; i += kThreadsB) {
-            bool ok = i0 + i < Tq;
-            float lv_ = ok ? lse_bh[i0 + i] : INFINITY;
-            sLse2[buf * BR + i] = lv_ == -INFINITY ? INFINITY : lv_ * kLog2e;  // a query that saw nothing: P = 0
-            sDelta2[buf * BR + i] = ok ? delta_bh[i0 + i] : 0.f;
-        }
+        stage_lse_delta<BR, kThreadsB>(sLse2 + buf * BR, sDelta2 + buf * BR, lse_bh, delta_bh, i0, Tq);
     };
 
     load_rows<BK, D, LD, kThreadsB>(sK, k + b * lk.sb + h * lk.sh, lk.st, k0, S);
@@ -368,39 +339,13 @@ __global__ void __launch_bounds__(kThreadsB) bwd_kernel(bf16* __restrict__ dk, b
                     mma(dq[2 * dp + 1], a, r[2], r[3]);
                 }
             }
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                int qi = qrow0 + g + 8 * r;
-                if (qi >= Tq) continue;
-                float* dst = dq_bh + (int64_t)qi * D + c0 + 2 * t;
-#pragma unroll
-                for (int j = 0; j < DC / 8; ++j) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-                    atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[j][2 * r], dq[j][2 * r + 1]));
-#else
-                    atomicAdd(dst + j * 8, dq[j][2 * r]);
-                    atomicAdd(dst + j * 8 + 1, dq[j][2 * r + 1]);
-#endif
-                }
-            }
+            add_dq(dq_bh, D, dq, qrow0, c0, Tq, g, t);
         }
         __syncthreads();  // this buffer and sdS are refilled next
     }
     cp_async_wait<0>();
-    bf16* dkb = dk + b * lk.sb + h * lk.sh;
-    bf16* dvb = dv + b * lv.sb + h * lv.sh;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        if (key[r] >= S) continue;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            int c = j * 8 + 2 * t;
-            *reinterpret_cast<uint32_t*>(dkb + (int64_t)key[r] * lk.st + c) =
-                pack_bf16(dk_acc[j][2 * r] * scale, dk_acc[j][2 * r + 1] * scale);
-            *reinterpret_cast<uint32_t*>(dvb + (int64_t)key[r] * lv.st + c) =
-                pack_bf16(dv_acc[j][2 * r], dv_acc[j][2 * r + 1]);
-        }
-    }
+    store_key_grads<D>(dk + b * lk.sb + h * lk.sh, lk.st, dv + b * lv.sb + h * lv.sh, lv.st, dk_acc, dv_acc, key, S, t,
+                       scale);
 }
 
 template <typename KernelT>

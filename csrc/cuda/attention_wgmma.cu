@@ -10,6 +10,8 @@
 // The online softmax in between is attention_mma.cu's, on the same fragment layout.
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "attention_tiles.cuh"
 #include "attention_wgmma.h"
 #include "common.cuh"
@@ -92,16 +94,6 @@ __device__ __forceinline__ void softmax_step(float (&s)[N][4], float (&m)[2], fl
         }
 }
 
-// P (64 x BN, as accumulator fragments) -> bf16 A fragments: k-step kk takes fragments 2 kk, 2 kk + 1
-template <int N>
-__device__ __forceinline__ void to_a_frags(uint32_t (&a)[N / 2][4], const float (&p)[N][4]) {
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-        a[j >> 1][(j & 1) * 2] = pack_bf16(p[j][0], p[j][1]);
-        a[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p[j][2], p[j][3]);
-    }
-}
-
 // grid ceil(T / 128) * B * H (attn::tile_order, heaviest first). Per warpgroup, iteration j issues
 // S_{j+1} = Q K_{j+1}^T and then O += P_j V_j, and runs the softmax of S_{j+1} while P_j V_j is on the
 // tensor cores (FlashAttention-3's overlap inside a warpgroup). K/V tiles sit in a ring of three
@@ -115,8 +107,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     constexpr uint32_t kKV = BN * 128;  // bytes of a swizzled (BN, 64) tile
     const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;  // Q (BM, 64); K, V [3](BN, 64), swizzled
     const uint32_t sK = sQ + BM * 128, sV = sK + 3 * kKV;
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
+    // the warpgroup's index through a shuffle, so that the compiler sees it (and the branches around
+    // the wgmma on it) as uniform over the warp; else it serialises every wgmma (ptxas C7520)
+    const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const TileOrder at = tile_order((Tq + BM - 1) / BM, H, /*heavy_last=*/true);
     const int bh = at.bh, b = bh / H, h = bh % H;
     const int q0 = at.tile * BM, wq0 = q0 + wg * 64;  // the block's and this warpgroup's first query
@@ -167,16 +161,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         softmax_step(s, m, l, alpha, is_full(0), 0, S, causal, row, off, t, scale2);
         to_a_frags(pa, s);
     }
-    for (int it = 0; it < ntiles; ++it) {
-        const bool next = it + 1 < wg_tiles;
-        if (it + 1 < ntiles) {  // tile it + 1 is in; every warpgroup is done with tile it - 1's buffers
-            cp_async_wait<0>();
-            wgmma::fence_smem();
-            __syncthreads();
-            if (it + 2 < ntiles) load_kv(it + 2);
-            cp_async_commit();
-        }
-        if (it >= wg_tiles) continue;  // uniform over the warpgroup
+    // O += P_it V_it; with `next` (a compile-time flag: no wgmma sits in a branch), also S_{it+1} and its
+    // softmax, run while P V is on the tensor cores
+    auto step = [&](int it, auto next) {
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {  // the previous tiles' output, rescaled to this tile's max
             acc[j][0] *= alpha[0];
@@ -184,14 +171,15 @@ __global__ void __launch_bounds__(kThreads, 2)
             acc[j][2] *= alpha[1];
             acc[j][3] *= alpha[1];
         }
+        wgmma::hold(acc);  // the rescale stays before the fence
         wgmma::fence();
-        if (next) issue_s(s, it + 1, desc_q);
+        if constexpr (next) issue_s(s, it + 1, desc_q);
         // O_wg (64 x 64) += P (64 x BN) V (BN x 64), k-steps of 16 keys (16 rows of V: 2048 bytes)
         const uint64_t desc_v = wgmma::desc(sV + it % 3 * kKV);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) wgmma::mma_rs_n_major(acc, pa[kk], desc_v + 128 * kk);
         wgmma::commit();
-        if (next) {  // the softmax of S_{it+1} while P V runs
+        if constexpr (next) {
             wgmma::wait<1>();
             wgmma::hold(s);
             softmax_step(s, m, l, alpha, is_full(it + 1), (it + 1) * BN, S, causal, row, off, t, scale2);
@@ -199,23 +187,21 @@ __global__ void __launch_bounds__(kThreads, 2)
         wgmma::wait<0>();
         wgmma::hold(acc);
         wgmma::hold(pa);
-        if (next) to_a_frags(pa, s);
+        if constexpr (next) to_a_frags(pa, s);
+    };
+    for (int it = 0; it < ntiles; ++it) {
+        if (it + 1 < ntiles) {  // tile it + 1 is in; every warpgroup is done with tile it - 1's buffers
+            cp_async_wait<0>();
+            wgmma::fence_smem();
+            __syncthreads();
+            if (it + 2 < ntiles) load_kv(it + 2);
+            cp_async_commit();
+        }
+        if (it + 1 < wg_tiles) step(it, std::true_type{});  // branches uniform over the warpgroup
+        else if (it < wg_tiles) step(it, std::false_type{});
     }
     cp_async_wait<0>();
-    bf16* ob = o + b * lo.sb + h * lo.sh;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        if (row[r] >= Tq) continue;
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-        bf16* orow = ob + (int64_t)row[r] * lo.st;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-            *reinterpret_cast<uint32_t*>(orow + j * 8 + 2 * t) =
-                pack_bf16(acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
-        if (t == 0) lse[(int64_t)bh * Tq + row[r]] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
-    }
+    store_output<D>(o + b * lo.sb + h * lo.sh, lo.st, lse + (int64_t)bh * Tq, acc, l, m, row, Tq, t);
 #else
     __trap();  // built without sm_90a: attention_forward_wgmma never launches this
 #endif
@@ -263,12 +249,7 @@ __global__ void __launch_bounds__(kThreadsB)
     auto load_query_tile = [&](int i0, int buf) {
         load_tile<BRB, kThreadsB>(sQ2 + buf * kTile, qb, lq.st, i0, Tq);
         load_tile<BRB, kThreadsB>(sdO2 + buf * kTile, dob, lo.st, i0, Tq);
-        for (int i = threadIdx.x; i < BRB; i += kThreadsB) {
-            const bool ok = i0 + i < Tq;
-            const float lv_ = ok ? lse_bh[i0 + i] : INFINITY;
-            sLse2[buf * BRB + i] = lv_ == -INFINITY ? INFINITY : lv_ * kLog2e;  // a query that saw nothing: P = 0
-            sDelta2[buf * BRB + i] = ok ? delta_bh[i0 + i] : 0.f;
-        }
+        stage_lse_delta<BRB, kThreadsB>(sLse2 + buf * BRB, sDelta2 + buf * BRB, lse_bh, delta_bh, i0, Tq);
     };
 
     load_tile<BK, kThreadsB>(sK, k + b * lk.sb + h * lk.sh, lk.st, k0, S);
@@ -354,32 +335,12 @@ __global__ void __launch_bounds__(kThreadsB)
         wgmma::hold(dk_acc);
         wgmma::hold(pa);
         wgmma::hold(dsa);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int qi = i0 + warp * 16 + g + 8 * r;
-            if (qi >= Tq) continue;
-            float* dst = dq_bh + (int64_t)qi * D + 2 * t;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-                atomicAdd(reinterpret_cast<float2*>(dst + j * 8), make_float2(dq[j][2 * r], dq[j][2 * r + 1]));
-        }
+        add_dq(dq_bh, D, dq, i0 + warp * 16, 0, Tq, g, t);
         __syncthreads();  // this buffer and dS^T are refilled next
     }
     cp_async_wait<0>();
-    bf16* dkb = dk + b * lk.sb + h * lk.sh;
-    bf16* dvb = dv + b * lv.sb + h * lv.sh;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        if (key[r] >= S) continue;
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            const int c = j * 8 + 2 * t;
-            *reinterpret_cast<uint32_t*>(dkb + (int64_t)key[r] * lk.st + c) =
-                pack_bf16(dk_acc[j][2 * r] * scale, dk_acc[j][2 * r + 1] * scale);
-            *reinterpret_cast<uint32_t*>(dvb + (int64_t)key[r] * lv.st + c) =
-                pack_bf16(dv_acc[j][2 * r], dv_acc[j][2 * r + 1]);
-        }
-    }
+    store_key_grads<D>(dk + b * lk.sb + h * lk.sh, lk.st, dv + b * lv.sb + h * lv.sh, lv.st, dk_acc, dv_acc, key, S, t,
+                       scale);
 #else
     __trap();  // built without sm_90a: attention_backward_wgmma never launches this
 #endif
