@@ -54,6 +54,19 @@ __device__ __forceinline__ TileOrder tile_order(int tiles, int H, bool heavy_las
     return {heavy_last ? tiles - 1 - rank : rank, (int)(blockIdx.x / per_b) * H + r % H};
 }
 
+// A backward block's work (attn::tile_order, heaviest key tile first): its (batch, head), its first key
+// k0, the causal offset S - Tq (the mask is aligned bottom-right), and the first query tile of R rows
+// that sees its keys
+struct KeySlice {
+    int bh, b, h, k0, off, i_begin;
+};
+template <int BK, int R>
+__device__ __forceinline__ KeySlice key_slice(int H, int Tq, int S, bool causal) {
+    const TileOrder at = tile_order((S + BK - 1) / BK, H, /*heavy_last=*/false);
+    const int k0 = at.tile * BK, off = S - Tq;
+    return {at.bh, at.bh / H, at.bh % H, k0, off, causal ? max(0, k0 - off) / R * R : 0};
+}
+
 // ---- the ends of the passes, on accumulators in the C-fragment layout (mma.sync's m16n8, and
 // wgmma's per warp): frag[j][0..1] = (row g, cols 8 j + 2 t, + 1), frag[j][2..3] = (row g + 8, same)
 

@@ -234,16 +234,13 @@ __global__ void __launch_bounds__(kThreadsB)
     float* sDelta2 = sLse2 + 2 * BRB;
     unsigned char* sdS_ptr = smem_raw + (sdS - smem_addr(smem_raw));
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const TileOrder at = tile_order((S + BK - 1) / BK, H, /*heavy_last=*/false);
-    const int bh = at.bh, b = bh / H, h = bh % H;
-    const int k0 = at.tile * BK;
-    const int off = S - Tq;
+    const KeySlice ks = key_slice<BK, BRB>(H, Tq, S, causal);
+    const int bh = ks.bh, b = ks.b, h = ks.h, k0 = ks.k0, off = ks.off, i_begin = ks.i_begin;
     const bf16* qb = q + b * lq.sb + h * lq.sh;
     const bf16* dob = dout + b * lo.sb + h * lo.sh;
     const float* lse_bh = lse + (int64_t)bh * Tq;
     const float* delta_bh = delta + (int64_t)bh * Tq;
     float* dq_bh = dq_acc + (int64_t)bh * Tq * D;
-    const int i_begin = causal ? max(0, k0 - off) / BRB * BRB : 0;
 
     // the query tile at i0 (its rows of Q, dO, lse, delta) into buffer `buf`
     auto load_query_tile = [&](int i0, int buf) {
