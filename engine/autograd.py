@@ -40,7 +40,10 @@ def enable_grad() -> _GradMode:
 
 
 class Function:
-    """One differentiable op. Subclasses define forward(*arrays, **params) and backward(grad)."""
+    """One differentiable op. Subclasses define forward(*arrays, **params) and backward(grad).
+
+    forward may return a tuple of arrays: apply then returns a tuple of tensors, and backward gets a
+    tuple of their gradients, once, with None for an output nothing downstream used."""
 
     be = None  # backend module, set per call
     parents: tuple = ()
@@ -68,12 +71,15 @@ class Function:
         raw = [a.data if isinstance(a, Tensor) else a for a in args]
         out = ctx.forward(*raw, **params)
         requires_grad = is_grad_enabled() and any(t.requires_grad for t in tensors)
-        result = Tensor._wrap(out, device, requires_grad)
+        outs = out if isinstance(out, tuple) else (out,)
+        results = tuple(Tensor._wrap(o, device, requires_grad) for o in outs)
         if requires_grad:
             ctx.parents = tuple(tensors)
             ctx.needs_input_grad = tuple(t.requires_grad for t in tensors)
-            result._ctx = ctx
-        return result
+            ctx.n_outputs = len(results)
+            for i, r in enumerate(results):
+                r._ctx, r._output_index = ctx, i
+        return results if isinstance(out, tuple) else results[0]
 
     def forward(self, *args, **params):  # pragma: no cover - interface
         raise NotImplementedError
@@ -115,16 +121,35 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
     elif isinstance(grad, Tensor):
         grad = grad.data
     grads = {id(root): grad}
+    order = _topological_order(root)
+    # a Function of several outputs runs its backward once, after the last of its outputs in the graph
+    waiting = {}  # id(ctx) -> [outputs still to come, their gradients so far]
+    for node in order:
+        ctx = node._ctx
+        if ctx is not None and getattr(ctx, "n_outputs", 1) > 1:
+            waiting.setdefault(id(ctx), [0, [None] * ctx.n_outputs])[0] += 1
     with no_grad():
-        for node in reversed(_topological_order(root)):
+        for node in reversed(order):
             g = grads.pop(id(node), None)
-            if g is None:
-                continue
             ctx = node._ctx
-            if ctx is None:  # a leaf
+            if ctx is not None and id(ctx) in waiting:
+                entry = waiting[id(ctx)]
+                entry[0] -= 1
+                entry[1][node._output_index] = g
+                if not retain_graph:
+                    node._ctx = None
+                if node._retains_grad and g is not None:
+                    node._accumulate_grad(g)
+                if entry[0] > 0 or all(x is None for x in entry[1]):
+                    continue
+                del waiting[id(ctx)]
+                g = tuple(entry[1])
+            elif g is None:
+                continue
+            elif ctx is None:  # a leaf
                 node._accumulate_grad(g)
                 continue
-            if node._retains_grad:
+            elif node._retains_grad:
                 node._accumulate_grad(g)
             parent_grads = ctx.backward(g)
             if not isinstance(parent_grads, tuple):

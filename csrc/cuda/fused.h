@@ -61,8 +61,13 @@ bool linear_bias_grad(int device, int dtype, void* db, void* dpre, const void* g
 // weights, biases, mean, rstd and the weight gradients are float32 (statistics in float32).
 void layernorm_forward_dt(int device, int dtype, void* out, float* mean, float* rstd, const void* x, const float* w,
                           const float* b, int64_t N, int64_t C, float eps);
+// dres (may be null): added to dx, the gradient of the residual stream x is (add_layer_norm's backward)
 void layernorm_backward_dt(int device, int dtype, void* dx, float* dw, float* db, const void* dout, const void* x,
-                           const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
+                           const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                           const void* dres = nullptr);
+// sum = x + res (rounded to dtype) and out = layer_norm(sum), in one pass
+void layernorm_add_forward_dt(int device, int dtype, void* out, void* sum, float* mean, float* rstd, const void* x,
+                              const void* res, const float* w, const float* b, int64_t N, int64_t C, float eps);
 
 // softmax.cu: cross-entropy with float32 or bf16 logits (float32 losses, lse and arithmetic);
 // dlogits (logits' dtype) may be the logits' own memory.

@@ -14,15 +14,21 @@ __device__ __forceinline__ void stf(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void stf(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
 
 // x (N, C) -> out (N, C), mean (N,), rstd (N,); w, b (C,) or null. T: float or bf16 (statistics,
-// weights and arithmetic in float32)
+// weights and arithmetic in float32). With res (N, C), the row normalised is x + res, rounded to T as
+// the add alone would, and written to sum: the residual stream of a pre-LN transformer, in one pass.
 template <typename T>
 __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                                         const T* __restrict__ x, const float* __restrict__ w,
-                                         const float* __restrict__ b, int64_t N, int C, float eps) {
+                                         const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum,
+                                         const float* __restrict__ w, const float* __restrict__ b, int64_t N, int C,
+                                         float eps) {
     int lane = threadIdx.x & 31;
     int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= N) return;
     const T* xr = x + row * C;
+    if (res) {  // each lane reads back only the columns it wrote
+        for (int c = lane; c < C; c += 32) stf(sum + row * C, c, ldf(xr, c) + ldf(res + row * C, c));
+        xr = sum + row * C;
+    }
     float s = 0.f;
     for (int c = lane; c < C; c += 32) s += ldf(xr, c);
     float m = warp_sum(s) / C;
@@ -57,11 +63,12 @@ __device__ __forceinline__ void load_floats(float (&v)[W], const float* __restri
 
 // The same with 16-byte accesses and the row in registers (one read of x, one write of out): lane l
 // owns chunks l, l + 32, ... (at most CH) of kVec<T> adjacent columns. C % kVec<T> == 0, rows 16-byte
-// aligned.
+// aligned. res and sum as in layernorm_forward_kernel.
 template <typename T, int CH>
 __global__ void layernorm_forward_vec_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                                             const T* __restrict__ x, const float* __restrict__ w,
-                                             const float* __restrict__ b, int64_t N, int C, float eps) {
+                                             const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum,
+                                             const float* __restrict__ w, const float* __restrict__ b, int64_t N,
+                                             int C, float eps) {
     constexpr int W = kVec<T>;
     const int lane = threadIdx.x & 31, NC = C / W;
     int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -72,7 +79,18 @@ __global__ void layernorm_forward_vec_kernel(T* __restrict__ out, float* __restr
 #pragma unroll
     for (int i = 0; i < CH; ++i) {
         const int ch = lane + 32 * i;
-        if (ch < NC) unpack(xv[i], xr[ch]);
+        if (ch < NC) {
+            unpack(xv[i], xr[ch]);
+            if (res) {
+                float rv[W];
+                unpack(rv, reinterpret_cast<const uint4*>(res + row * C)[ch]);
+#pragma unroll
+                for (int k = 0; k < W; ++k) xv[i][k] += rv[k];
+                const uint4 packed = pack(xv[i]);
+                reinterpret_cast<uint4*>(sum + row * C)[ch] = packed;
+                unpack(xv[i], packed);  // the rounded sum, as the layer norm of the stored one would see
+            }
+        }
 #pragma unroll
         for (int k = 0; k < W; ++k) {
             if (ch >= NC) xv[i][k] = 0.f;
@@ -135,7 +153,7 @@ __global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict_
                                           float* __restrict__ db_part, const T* __restrict__ dout,
                                           const T* __restrict__ x, const float* __restrict__ w,
                                           const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N,
-                                          int C) {
+                                          int C, const T* __restrict__ dres) {
     const bool need_w = dw_part != nullptr;
     float *sdw, *sdb;
     zeroed_block_sums(C, need_w, sdw, sdb);
@@ -167,7 +185,7 @@ __global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict_
 #pragma unroll
         for (int i = 0; i < CPL; ++i) {
             int c = lane + 32 * i;
-            if (c < C) stf(d, c, (gv[i] * wc[i] - mean_g - xh[i] * mean_gx) * r);
+            if (c < C) stf(d, c, (gv[i] * wc[i] - mean_g - xh[i] * mean_gx) * r + (dres ? ldf(dres + row * C, c) : 0.f));
             acc_dw[i] += gv[i] * xh[i];
             acc_db[i] += gv[i];
         }
@@ -188,12 +206,13 @@ __global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict_
 // The same with 16-byte accesses: lane l owns chunks l, l + 32, ... (at most CH) of kVec<T> adjacent
 // columns, so a warp moves 512 bytes per load instead of 64 (bf16). C % kVec<T> == 0, rows 16-byte
 // aligned.
+// With dres, dx also adds dres (the gradient that reached x's residual stream by the other path).
 template <typename T, int CH>
 __global__ void layernorm_backward_vec_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
                                               float* __restrict__ db_part, const T* __restrict__ dout,
                                               const T* __restrict__ x, const float* __restrict__ w,
                                               const float* __restrict__ mean, const float* __restrict__ rstd,
-                                              int64_t N, int C) {
+                                              int64_t N, int C, const T* __restrict__ dres) {
     constexpr int W = kVec<T>;
     const bool need_w = dw_part != nullptr;
     float *sdw, *sdb;
@@ -242,7 +261,14 @@ __global__ void layernorm_backward_vec_kernel(T* __restrict__ dx, float* __restr
                 acc_dw[i][k] += gv[i][k] * xh[i][k];
                 acc_db[i][k] += gv[i][k];
             }
-            if (ch < NC) d[ch] = pack(o);
+            if (ch >= NC) continue;
+            if (dres) {
+                float rv[W];
+                unpack(rv, reinterpret_cast<const uint4*>(dres + row * C)[ch]);
+#pragma unroll
+                for (int k = 0; k < W; ++k) o[k] += rv[k];
+            }
+            d[ch] = pack(o);
         }
     }
     if (!need_w) return;
@@ -266,7 +292,7 @@ __global__ void layernorm_backward_wide_kernel(T* __restrict__ dx, float* __rest
                                           float* __restrict__ db_part, const T* __restrict__ dout,
                                           const T* __restrict__ x, const float* __restrict__ w,
                                           const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N,
-                                          int C) {
+                                          int C, const T* __restrict__ dres) {
     const bool need_w = dw_part != nullptr;
     float *sdw, *sdb;
     zeroed_block_sums(C, need_w, sdw, sdb);
@@ -292,7 +318,7 @@ __global__ void layernorm_backward_wide_kernel(T* __restrict__ dx, float* __rest
             float gc = ldf(g, c);
             float gw = w ? gc * w[c] : gc;
             float xhat = (ldf(xr, c) - m) * r;
-            stf(d, c, (gw - mean_g - xhat * mean_gx) * r);
+            stf(d, c, (gw - mean_g - xhat * mean_gx) * r + (dres ? ldf(dres + row * C, c) : 0.f));
             if (need_w) {
                 atomicAdd(&sdw[c], gc * xhat);
                 atomicAdd(&sdb[c], gc);
@@ -313,25 +339,27 @@ int vec_chunks(int64_t C, const P*... ptrs) {
 
 template <typename T>
 void layernorm_forward_typed(int device, T* out, float* mean, float* rstd, const T* x, const float* w,
-                             const float* b, int64_t N, int64_t C, float eps) {
+                             const float* b, int64_t N, int64_t C, float eps, const T* res = nullptr,
+                             T* sum = nullptr) {
     if (N == 0) return;
     use_device(device);
     int warps = 8;
     const unsigned grid = (unsigned)ceil_div(N, warps);
     cudaStream_t st = stream(device);
-    switch (vec_chunks<T>(C, out, x, w, b)) {
-        case 1: layernorm_forward_vec_kernel<T, 1><<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, w, b, N, (int)C, eps); break;
-        case 2: layernorm_forward_vec_kernel<T, 2><<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, w, b, N, (int)C, eps); break;
-        case 3: layernorm_forward_vec_kernel<T, 3><<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, w, b, N, (int)C, eps); break;
-        case 4: layernorm_forward_vec_kernel<T, 4><<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, w, b, N, (int)C, eps); break;
-        default: layernorm_forward_kernel<T><<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, w, b, N, (int)C, eps);
+    auto launch = [&](auto kernel) { kernel<<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, res, sum, w, b, N, (int)C, eps); };
+    switch (vec_chunks<T>(C, out, x, w, b, res, sum)) {
+        case 1: launch(layernorm_forward_vec_kernel<T, 1>); break;
+        case 2: launch(layernorm_forward_vec_kernel<T, 2>); break;
+        case 3: launch(layernorm_forward_vec_kernel<T, 3>); break;
+        case 4: launch(layernorm_forward_vec_kernel<T, 4>); break;
+        default: launch(layernorm_forward_kernel<T>);
     }
     check_launch("layer_norm");
 }
 
 template <typename T>
 void layernorm_backward_typed(int device, T* dx, float* dw, float* db, const T* dout, const T* x, const float* w,
-                              const float* mean, const float* rstd, int64_t N, int64_t C) {
+                              const float* mean, const float* rstd, int64_t N, int64_t C, const T* dres = nullptr) {
     use_device(device);
     cudaStream_t st = stream(device);
     bool need_w = dw != nullptr || db != nullptr;
@@ -355,7 +383,7 @@ void layernorm_backward_typed(int device, T* dx, float* dw, float* db, const T* 
         std::size_t block = 0;
         if (need_w) part = (float*)device_alloc(2 * sizeof(float) * blocks * C, device, &block);
         kernel<<<blocks, warps * 32, smem, st>>>(dx, part, need_w ? part + (int64_t)blocks * C : nullptr, dout, x, w,
-                                                 mean, rstd, N, (int)C);
+                                                 mean, rstd, N, (int)C, dres);
         if (need_w) {
             unsigned int g = (unsigned int)ceil_div(C, 32);
             if (dw) sum_parts_kernel<<<g, dim3(32, 32), 0, st>>>(dw, part, blocks, (int)C);
@@ -365,7 +393,7 @@ void layernorm_backward_typed(int device, T* dx, float* dw, float* db, const T* 
     };
     // 16-byte chunks per lane where the rows allow (up to 4), else columns per lane: registers sized
     // for C (up to 1024; wider rows take the atomic kernel)
-    const int chunks = vec_chunks<T>(C, dx, x, dout);
+    const int chunks = vec_chunks<T>(C, dx, x, dout, dres);
     if (chunks == 1) launch(layernorm_backward_vec_kernel<T, 1>);
     else if (chunks == 2) launch(layernorm_backward_vec_kernel<T, 2>);
     else if (chunks == 3) launch(layernorm_backward_vec_kernel<T, 3>);
@@ -402,14 +430,27 @@ void layernorm_forward_dt(int device, int dtype, void* out, float* mean, float* 
 }
 
 void layernorm_backward_dt(int device, int dtype, void* dx, float* dw, float* db, const void* dout, const void* x,
-                           const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
+                           const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                           const void* dres) {
     if (dtype == F32)
         layernorm_backward_typed<float>(device, (float*)dx, dw, db, (const float*)dout, (const float*)x, w, mean, rstd,
-                                        N, C);
+                                        N, C, (const float*)dres);
     else if (dtype == BF16)
         layernorm_backward_typed<__nv_bfloat16>(device, (__nv_bfloat16*)dx, dw, db, (const __nv_bfloat16*)dout,
-                                                (const __nv_bfloat16*)x, w, mean, rstd, N, C);
+                                                (const __nv_bfloat16*)x, w, mean, rstd, N, C,
+                                                (const __nv_bfloat16*)dres);
     else unsupported("layer_norm_backward", dtype);
+}
+
+void layernorm_add_forward_dt(int device, int dtype, void* out, void* sum, float* mean, float* rstd, const void* x,
+                              const void* res, const float* w, const float* b, int64_t N, int64_t C, float eps) {
+    if (dtype == F32)
+        layernorm_forward_typed<float>(device, (float*)out, mean, rstd, (const float*)x, w, b, N, C, eps,
+                                       (const float*)res, (float*)sum);
+    else if (dtype == BF16)
+        layernorm_forward_typed<__nv_bfloat16>(device, (__nv_bfloat16*)out, mean, rstd, (const __nv_bfloat16*)x, w, b,
+                                               N, C, eps, (const __nv_bfloat16*)res, (__nv_bfloat16*)sum);
+    else unsupported("layer_norm", dtype);
 }
 
 }  // namespace engine

@@ -265,8 +265,16 @@ def layer_norm(x: Array, weight, bias, eps: float):
     return out, mean[..., 0], rstd[..., 0]
 
 
-def layer_norm_backward(grad: Array, x: Array, weight, mean: Array, rstd: Array, need_weight_grads: bool = True):
-    """grad (..., C) -> dx (..., C), dweight (C,) or None, dbias (C,) or None."""
+def add_layer_norm(x: Array, residual: Array, weight, bias, eps: float):
+    """s = x + residual (..., C) and layer_norm(s): -> s, out, mean, rstd."""
+    s = x + residual
+    return (s,) + layer_norm(s, weight, bias, eps)
+
+
+def layer_norm_backward(grad: Array, x: Array, weight, mean: Array, rstd: Array, need_weight_grads: bool = True,
+                        residual_grad=None):
+    """grad (..., C) -> dx (..., C), dweight (C,) or None, dbias (C,) or None; with residual_grad (..., C),
+    dx + residual_grad (the gradient of the residual stream that x is, as the CUDA backend fuses it)."""
     C = x.shape[-1]
     xhat = (x - mean[..., None]) * rstd[..., None]
     gw = grad * weight if weight is not None else grad
@@ -277,6 +285,8 @@ def layer_norm_backward(grad: Array, x: Array, weight, mean: Array, rstd: Array,
         flat_g = grad.reshape(-1, C)
         dweight = (flat_g * xhat.reshape(-1, C)).sum(axis=0) if weight is not None else None
         dbias = flat_g.sum(axis=0)
+    if residual_grad is not None:
+        dx = dx + residual_grad
     return dx, dweight, dbias
 
 

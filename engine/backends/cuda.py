@@ -749,9 +749,29 @@ def layer_norm(x: CudaArray, weight, bias, eps: float):
     return out, mean, rstd
 
 
+def add_layer_norm(x: CudaArray, residual: CudaArray, weight, bias, eps: float):
+    """s = x + residual (..., C) and layer_norm(s) -> s, out, mean, rstd, in one kernel (the sum rounded
+    to x's dtype before the statistics, as the two ops would); inputs of two dtypes or shapes take the
+    add and the layer norm."""
+    _check_float32("layer_norm", weight, bias)
+    if x.dtype in (float32, bfloat16) and residual.dtype is x.dtype and residual.shape == x.shape:
+        C = x.shape[-1]
+        N = x.size // C if C else 0
+        x, residual = contiguous(x), contiguous(residual)
+        s, out = _empty(x.shape, x.dtype, x.device), _empty(x.shape, x.dtype, x.device)
+        mean, rstd = _empty(x.shape[:-1], float32, x.device), _empty(x.shape[:-1], float32, x.device)
+        _C.layernorm_add_forward_dt(x.device, _CODE[x.dtype], out.ptr, s.ptr, mean.ptr, rstd.ptr, x.ptr, residual.ptr,
+                                    weight.ptr if weight is not None else 0, bias.ptr if bias is not None else 0, N, C,
+                                    float(eps))
+        return s, out, mean, rstd
+    s = binary("add", x, residual)
+    return (s,) + layer_norm(s, weight, bias, eps)
+
+
 def layer_norm_backward(grad: CudaArray, x: CudaArray, weight, mean: CudaArray, rstd: CudaArray,
-                        need_weight_grads: bool = True):
-    """grad (..., C) -> dx (..., C), dweight (C,) or None, dbias (C,) or None."""
+                        need_weight_grads: bool = True, residual_grad=None):
+    """grad (..., C) -> dx (..., C), dweight (C,) or None, dbias (C,) or None. With residual_grad (..., C),
+    dx + residual_grad (x is a residual stream that also went on unnormalised), added inside the kernel."""
     _check_float32("layer_norm_backward", weight)
     if grad.dtype is not x.dtype:
         grad = astype(grad, x.dtype)
@@ -762,9 +782,14 @@ def layer_norm_backward(grad: CudaArray, x: CudaArray, weight, mean: CudaArray, 
     if need_weight_grads:
         dweight = _empty((C,), float32, x.device) if weight is not None else None
         dbias = _empty((C,), float32, x.device)
+    res = None
+    if residual_grad is not None:
+        res = residual_grad if residual_grad.dtype is x.dtype else astype(residual_grad, x.dtype)
+        res = contiguous(res) if res.shape == x.shape else contiguous(broadcast_to(res, x.shape))
     _C.layernorm_backward_dt(x.device, _CODE[x.dtype], dx.ptr, dweight.ptr if dweight is not None else 0,
                              dbias.ptr if dbias is not None else 0, grad.ptr, x.ptr,
-                             weight.ptr if weight is not None else 0, mean.ptr, rstd.ptr, N, C)
+                             weight.ptr if weight is not None else 0, mean.ptr, rstd.ptr, N, C,
+                             res.ptr if res is not None else 0)
     return dx, dweight, dbias
 
 

@@ -87,6 +87,25 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     return N.LayerNorm.apply(*args, eps=eps) if len(args) > 1 else N.LayerNorm.apply(x, None, None, eps=eps)
 
 
+def add_layer_norm(x: Tensor, residual: Tensor, normalized_shape, weight: Tensor | None = None,
+                   bias: Tensor | None = None, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """(s, layer_norm(s)) with s = x + residual, in one op: the residual stream of a pre-LN transformer
+    and the next sublayer's input (one pass on the GPU instead of an add and a layer norm, and in the
+    backward the stream's gradient is added inside the layer-norm kernel). x, residual (..., C)."""
+    normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if len(normalized_shape) != 1 or x.shape[-1] != normalized_shape[0]:
+        raise ValueError(f"add_layer_norm: normalises over the last dim only; got normalized_shape "
+                         f"{normalized_shape} for input shape {x.shape}")
+    if x.shape != residual.shape:
+        raise ValueError(f"add_layer_norm: x {x.shape} and residual {residual.shape} must have one shape")
+    if weight is None and bias is not None:
+        raise ValueError("add_layer_norm: a bias without a weight is not supported")
+    args = [x, residual] + [t for t in (weight, bias) if t is not None]
+    if weight is None:
+        return N.AddLayerNorm.apply(x, residual, None, None, eps=eps)
+    return N.AddLayerNorm.apply(*args, eps=eps)
+
+
 def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
     """Softmax cross-entropy, fused. logits (N, V) or (..., V); targets (N,) or (...) int64.
 

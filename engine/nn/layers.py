@@ -39,6 +39,10 @@ class LayerNorm(Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
+    def add_forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(x + residual, this layer norm of it), in one op (F.add_layer_norm)."""
+        return F.add_layer_norm(x, residual, self.normalized_shape, self.weight, self.bias, self.eps)
+
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"
 

@@ -92,8 +92,8 @@ class TransformerBlock(Module):
         self.mlp = MLP(n_embd, dropout, bias)
 
     def forward(self, x: Tensor, cache: KVCache | None = None, attn_mask: Tensor | None = None) -> Tensor:
-        x = x + self.attn(self.ln_1(x), cache, attn_mask)
-        return x + self.mlp(self.ln_2(x))
+        x, h = self.ln_2.add_forward(x, self.attn(self.ln_1(x), cache, attn_mask))  # x + attn(...), ln_2 of it
+        return x + self.mlp(h)
 
 
 class TransformerEncoder(Module):

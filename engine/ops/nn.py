@@ -25,6 +25,33 @@ class LayerNorm(Function):
         return tuple(grads)
 
 
+class AddLayerNorm(Function):
+    """x, residual (..., C), weight (C,), bias (C,) -> (s, layer_norm(s)) with s = x + residual: the
+    residual stream of a pre-LN transformer and the next sublayer's input, in one pass. The backward
+    adds the two gradients of s (the stream's, and the layer norm's) inside the layer-norm kernel."""
+
+    def forward(self, x, residual, weight=None, bias=None, eps: float = 1e-5):
+        self.weight = weight
+        self.has_weight, self.has_bias = weight is not None, bias is not None
+        self.s, out, self.mean, self.rstd = self.be.add_layer_norm(x, residual, weight, bias, eps)
+        return self.s, out
+
+    def backward(self, grads):
+        g_s, g_out = grads  # either may be None: that output fed nothing
+        need_w = any(self.needs_input_grad[2:])
+        if g_out is None:
+            ds, dw, db = g_s, None, None
+        else:
+            ds, dw, db = self.be.layer_norm_backward(g_out, self.s, self.weight, self.mean, self.rstd, need_w,
+                                                     residual_grad=g_s)
+        grads_in = [ds, ds]
+        if self.has_weight:
+            grads_in.append(dw)
+        if self.has_bias:
+            grads_in.append(db)
+        return tuple(grads_in)
+
+
 class Softmax(Function):
     """Softmax over the last axis (other axes are moved there by the caller)."""
 
