@@ -79,8 +79,7 @@ __device__ __forceinline__ void load_rows(bf16* dst, const bf16* src, int64_t st
 template <int D, int LD>
 __device__ __forceinline__ void mma_frags_tile_t(float (&c)[8][4], const uint32_t (&a)[D / 16][4], const bf16* tile,
                                                  int lane) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+    zero(c);
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
@@ -125,13 +124,9 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 2) fwd_kernel(bf16* __
     bf16* sK = sQ + BR * LD;  // [2][BC][LD]
     bf16* sV = sK + 2 * BC * LD;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const TileOrder at = tile_order((Tq + BR - 1) / BR, H, /*heavy_last=*/true);
-    const int bh = at.bh, b = bh / H, h = bh % H;
-    const int q0 = at.tile * BR;
-    const bf16* qb = q + b * lq.sb + h * lq.sh;
-    const bf16* kb = k + b * lk.sb + h * lk.sh;
-    const bf16* vb = v + b * lv.sb + h * lv.sh;
-    const int off = S - Tq;  // causal mask aligned bottom-right
+    const QuerySlice qs = query_slice<BR>(q, k, v, lq, lk, lv, H, Tq, S);
+    const int bh = qs.bh, b = qs.b, h = qs.h, q0 = qs.q0, off = qs.off;
+    const bf16 *qb = qs.q, *kb = qs.k, *vb = qs.v;
     const int kv_end = causal ? max(0, min(S, min(q0 + BR, Tq) + off)) : S;
     const int ntiles = (kv_end + BC - 1) / BC;
 
@@ -143,8 +138,7 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 2) fwd_kernel(bf16* __
     cp_async_commit();
 
     float acc[D / 8][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    zero(acc);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows g and g + 8 (log2 domain)
     const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
     uint32_t qa[D / 16][4];
@@ -244,19 +238,14 @@ __global__ void __launch_bounds__(kThreadsB) bwd_kernel(bf16* __restrict__ dk, b
     float* sLse2 = reinterpret_cast<float*>(sdS + BK * LDS);  // [2][BR]
     float* sDelta2 = sLse2 + 2 * BR;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const KeySlice ks = key_slice<BK, BR>(H, Tq, S, causal);
-    const int bh = ks.bh, b = ks.b, h = ks.h, k0 = ks.k0, off = ks.off, i_begin = ks.i_begin;
-    const bf16* qb = q + b * lq.sb + h * lq.sh;
-    const bf16* dob = dout + b * lo.sb + h * lo.sh;
-    const float* lse_bh = lse + (int64_t)bh * Tq;
-    const float* delta_bh = delta + (int64_t)bh * Tq;
-    float* dq_bh = dq_acc + (int64_t)bh * Tq * D;
+    const KeySlice ks = key_slice<BK, BR>(q, dout, lse, delta, dq_acc, lq, lo, H, Tq, S, D, causal);
+    const int b = ks.b, h = ks.h, k0 = ks.k0, off = ks.off, i_begin = ks.i_begin;
 
     // the query tile at i0 (its rows of Q, dO, lse, delta) into buffer `buf`
     auto load_query_tile = [&](int i0, int buf) {
-        load_rows<BR, D, LD, kThreadsB>(sQ2 + buf * BR * LD, qb, lq.st, i0, Tq);
-        load_rows<BR, D, LD, kThreadsB>(sdO2 + buf * BR * LD, dob, lo.st, i0, Tq);
-        stage_lse_delta<BR, kThreadsB>(sLse2 + buf * BR, sDelta2 + buf * BR, lse_bh, delta_bh, i0, Tq);
+        load_rows<BR, D, LD, kThreadsB>(sQ2 + buf * BR * LD, ks.q, lq.st, i0, Tq);
+        load_rows<BR, D, LD, kThreadsB>(sdO2 + buf * BR * LD, ks.dout, lo.st, i0, Tq);
+        stage_lse_delta<BR, kThreadsB>(sLse2 + buf * BR, sDelta2 + buf * BR, ks.lse, ks.delta, i0, Tq);
     };
 
     load_rows<BK, D, LD, kThreadsB>(sK, k + b * lk.sb + h * lk.sh, lk.st, k0, S);
@@ -272,10 +261,8 @@ __global__ void __launch_bounds__(kThreadsB) bwd_kernel(bf16* __restrict__ dk, b
         ldsm_x4(va[kk], a_rows<LD>(sV, warp * 16, kk * 16, lane));
     }
     float dk_acc[D / 8][4], dv_acc[D / 8][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dk_acc[j][e] = dv_acc[j][e] = 0.f;
+    zero(dk_acc);
+    zero(dv_acc);
     const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
 
     for (int i0 = i_begin, it = 0; i0 < Tq; i0 += BR, ++it) {
@@ -322,8 +309,7 @@ __global__ void __launch_bounds__(kThreadsB) bwd_kernel(bf16* __restrict__ dk, b
         const int qrow0 = i0 + (warp & 3) * 16, c0 = (warp >> 2) * DC;
         if (qrow0 < Tq) {
             float dq[DC / 8][4];
-#pragma unroll
-            for (int j = 0; j < DC / 8; ++j) dq[j][0] = dq[j][1] = dq[j][2] = dq[j][3] = 0.f;
+            zero(dq);
 #pragma unroll
             for (int kk = 0; kk < BK / 16; ++kk) {
                 uint32_t a[4];
@@ -336,7 +322,7 @@ __global__ void __launch_bounds__(kThreadsB) bwd_kernel(bf16* __restrict__ dk, b
                     mma(dq[2 * dp + 1], a, r[2], r[3]);
                 }
             }
-            add_dq(dq_bh, D, dq, qrow0, c0, Tq, g, t);
+            add_dq(ks.dq, D, dq, qrow0, c0, Tq, g, t);
         }
         __syncthreads();  // this buffer and sdS are refilled next
     }

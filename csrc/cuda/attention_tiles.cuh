@@ -30,6 +30,13 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// N accumulator fragments (16 x 8 each, of a warp) = 0
+template <int N>
+__device__ __forceinline__ void zero(float (&c)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+}
+
 // probabilities (N accumulator fragments: 16 rows x 8 N columns of a warp) -> bf16 A fragments of the
 // next MMA, k = those columns: k-step kk takes fragments 2 kk and 2 kk + 1 (mma.sync's m16n8k16 A
 // layout, which is also wgmma's register A per warp)
@@ -54,17 +61,41 @@ __device__ __forceinline__ TileOrder tile_order(int tiles, int H, bool heavy_las
     return {heavy_last ? tiles - 1 - rank : rank, (int)(blockIdx.x / per_b) * H + r % H};
 }
 
+// A forward block's work (attn::tile_order, the heaviest, last query tile first): its (batch, head),
+// its first query q0 (tiles of R), the causal offset S - Tq (the mask is aligned bottom-right), and
+// that (batch, head)'s Q, K and V
+struct QuerySlice {
+    int bh, b, h, q0, off;
+    const __nv_bfloat16 *q, *k, *v;
+};
+template <int R>
+__device__ __forceinline__ QuerySlice query_slice(const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                                  const __nv_bfloat16* v, AttnLayout lq, AttnLayout lk, AttnLayout lv,
+                                                  int H, int Tq, int S) {
+    const TileOrder at = tile_order((Tq + R - 1) / R, H, /*heavy_last=*/true);
+    const int bh = at.bh, b = bh / H, h = bh % H;
+    return {bh, b, h, at.tile * R, S - Tq, q + b * lq.sb + h * lq.sh, k + b * lk.sb + h * lk.sh,
+            v + b * lv.sb + h * lv.sh};
+}
+
 // A backward block's work (attn::tile_order, heaviest key tile first): its (batch, head), its first key
-// k0, the causal offset S - Tq (the mask is aligned bottom-right), and the first query tile of R rows
-// that sees its keys
+// k0, the causal offset S - Tq (the mask is aligned bottom-right), the first query tile of R rows that
+// sees its keys, and that (batch, head)'s Q, dO, lse, delta and dq_acc (rows of D floats)
 struct KeySlice {
     int bh, b, h, k0, off, i_begin;
+    const __nv_bfloat16 *q, *dout;
+    const float *lse, *delta;
+    float* dq;
 };
 template <int BK, int R>
-__device__ __forceinline__ KeySlice key_slice(int H, int Tq, int S, bool causal) {
+__device__ __forceinline__ KeySlice key_slice(const __nv_bfloat16* q, const __nv_bfloat16* dout, const float* lse,
+                                              const float* delta, float* dq_acc, AttnLayout lq, AttnLayout lo, int H,
+                                              int Tq, int S, int D, bool causal) {
     const TileOrder at = tile_order((S + BK - 1) / BK, H, /*heavy_last=*/false);
-    const int k0 = at.tile * BK, off = S - Tq;
-    return {at.bh, at.bh / H, at.bh % H, k0, off, causal ? max(0, k0 - off) / R * R : 0};
+    const int bh = at.bh, b = bh / H, h = bh % H, k0 = at.tile * BK, off = S - Tq;
+    return {bh, b, h, k0, off, causal ? max(0, k0 - off) / R * R : 0, q + b * lq.sb + h * lq.sh,
+            dout + b * lo.sb + h * lo.sh, lse + (int64_t)bh * Tq, delta + (int64_t)bh * Tq,
+            dq_acc + (int64_t)bh * Tq * D};
 }
 
 // ---- the ends of the passes, on accumulators in the C-fragment layout (mma.sync's m16n8, and

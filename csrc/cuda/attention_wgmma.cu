@@ -111,13 +111,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     // the wgmma on it) as uniform over the warp; else it serialises every wgmma (ptxas C7520)
     const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const TileOrder at = tile_order((Tq + BM - 1) / BM, H, /*heavy_last=*/true);
-    const int bh = at.bh, b = bh / H, h = bh % H;
-    const int q0 = at.tile * BM, wq0 = q0 + wg * 64;  // the block's and this warpgroup's first query
-    const bf16* qb = q + b * lq.sb + h * lq.sh;
-    const bf16* kb = k + b * lk.sb + h * lk.sh;
-    const bf16* vb = v + b * lv.sb + h * lv.sh;
-    const int off = S - Tq;  // causal mask aligned bottom-right
+    const QuerySlice qs = query_slice<BM>(q, k, v, lq, lk, lv, H, Tq, S);
+    const int bh = qs.bh, b = qs.b, h = qs.h, q0 = qs.q0, off = qs.off;
+    const int wq0 = q0 + wg * 64;  // this warpgroup's first query
+    const bf16 *qb = qs.q, *kb = qs.k, *vb = qs.v;
     const int kv_end = causal ? max(0, min(S, min(q0 + BM, Tq) + off)) : S;
     const int ntiles = (kv_end + BN - 1) / BN;
     // tiles this warpgroup sees (under a causal mask the first warpgroup may see one fewer)
@@ -139,8 +136,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     float acc[D / 8][4];
     float s[BN / 8][4];
     uint32_t pa[BN / 16][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    zero(acc);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];  // rows g, g + 8
     const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
     const uint64_t desc_q = wgmma::desc(sQ + wg * 64 * 128);
@@ -234,19 +230,14 @@ __global__ void __launch_bounds__(kThreadsB)
     float* sDelta2 = sLse2 + 2 * BRB;
     unsigned char* sdS_ptr = smem_raw + (sdS - smem_addr(smem_raw));
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const KeySlice ks = key_slice<BK, BRB>(H, Tq, S, causal);
-    const int bh = ks.bh, b = ks.b, h = ks.h, k0 = ks.k0, off = ks.off, i_begin = ks.i_begin;
-    const bf16* qb = q + b * lq.sb + h * lq.sh;
-    const bf16* dob = dout + b * lo.sb + h * lo.sh;
-    const float* lse_bh = lse + (int64_t)bh * Tq;
-    const float* delta_bh = delta + (int64_t)bh * Tq;
-    float* dq_bh = dq_acc + (int64_t)bh * Tq * D;
+    const KeySlice ks = key_slice<BK, BRB>(q, dout, lse, delta, dq_acc, lq, lo, H, Tq, S, D, causal);
+    const int b = ks.b, h = ks.h, k0 = ks.k0, off = ks.off, i_begin = ks.i_begin;
 
     // the query tile at i0 (its rows of Q, dO, lse, delta) into buffer `buf`
     auto load_query_tile = [&](int i0, int buf) {
-        load_tile<BRB, kThreadsB>(sQ2 + buf * kTile, qb, lq.st, i0, Tq);
-        load_tile<BRB, kThreadsB>(sdO2 + buf * kTile, dob, lo.st, i0, Tq);
-        stage_lse_delta<BRB, kThreadsB>(sLse2 + buf * BRB, sDelta2 + buf * BRB, lse_bh, delta_bh, i0, Tq);
+        load_tile<BRB, kThreadsB>(sQ2 + buf * kTile, ks.q, lq.st, i0, Tq);
+        load_tile<BRB, kThreadsB>(sdO2 + buf * kTile, ks.dout, lo.st, i0, Tq);
+        stage_lse_delta<BRB, kThreadsB>(sLse2 + buf * BRB, sDelta2 + buf * BRB, ks.lse, ks.delta, i0, Tq);
     };
 
     load_tile<BK, kThreadsB>(sK, k + b * lk.sb + h * lk.sh, lk.st, k0, S);
@@ -255,10 +246,8 @@ __global__ void __launch_bounds__(kThreadsB)
     cp_async_commit();
 
     float dk_acc[D / 8][4], dv_acc[D / 8][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dk_acc[j][e] = dv_acc[j][e] = 0.f;
+    zero(dk_acc);
+    zero(dv_acc);
     const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
     const uint64_t desc_k = wgmma::desc(sK), desc_v = wgmma::desc(sV), desc_ds = wgmma::desc(sdS);
 
@@ -332,7 +321,7 @@ __global__ void __launch_bounds__(kThreadsB)
         wgmma::hold(dk_acc);
         wgmma::hold(pa);
         wgmma::hold(dsa);
-        add_dq(dq_bh, D, dq, i0 + warp * 16, 0, Tq, g, t);
+        add_dq(ks.dq, D, dq, i0 + warp * 16, 0, Tq, g, t);
         __syncthreads();  // this buffer and dS^T are refilled next
     }
     cp_async_wait<0>();

@@ -241,12 +241,16 @@ def linear_backward(grad: Array, x: Array, w: Array, pre, activation: str | None
     dw and db in param_dtype (None: x's), as the CUDA backend."""
     if activation is not None:
         grad = gelu_backward(pre, grad)
+    pdt = param_dtype if param_dtype is not None else dtype_of(x)
     dx = matmul(grad, w) if need[0] else None
-    dw = matmul(grad, x, transpose_a=True) if need[1] else None
-    db = grad.sum(axis=0, dtype=grad.dtype) if need[2] else None
-    if param_dtype is not None:
-        dw, db = (astype(a, param_dtype) if a is not None else None for a in (dw, db))
+    dw = weight_grad(grad, x, pdt) if need[1] else None
+    db = astype(grad.sum(axis=0, dtype=grad.dtype), pdt) if need[2] else None
     return dx, dw, db
+
+
+def weight_grad(grad: Array, x: Array, dtype: DType) -> Array:
+    """dw (O, I) = grad (N, O)^T @ x (N, I), in `dtype` (the CUDA backend writes float32 for bf16 x)."""
+    return astype(matmul(grad, x, transpose_a=True), dtype)
 
 
 # ---- normalisation, softmax, losses -----------------------------------------------------------

@@ -689,9 +689,10 @@ def _bias_grad(g: CudaArray, pre=None, db_dtype: DType | None = None):
     return None, None
 
 
-def _weight_grad(grad: CudaArray, x: CudaArray, dtype: DType) -> CudaArray:
+def weight_grad(grad: CudaArray, x: CudaArray, dtype: DType) -> CudaArray:
     """dw (O, I) = grad (N, O)^T @ x (N, I) in `dtype`: x's, or float32 for bf16 x, which cuBLASLt writes
-    from its float32 accumulator (no bf16 dw, no cast)."""
+    from its float32 accumulator (no bf16 dw, no cast): the weight gradient of a float32 master weight
+    under autocast."""
     if dtype is x.dtype:
         return matmul(grad, x, transpose_a=True)
     if not (x.dtype is bfloat16 and dtype is float32):
@@ -725,7 +726,7 @@ def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation
                                   db.ptr, 0, out_dtype=_CODE[pdt]):
             dw = db = None
     if need[1] and dw is None:
-        dw = _weight_grad(grad, x, pdt)
+        dw = weight_grad(grad, x, pdt)
     if need[2] and db is None:
         db = astype(sum(grad, (0,), False), pdt)
     return dx, dw, db
@@ -757,7 +758,6 @@ def add_layer_norm(x: CudaArray, residual: CudaArray, weight, bias, eps: float):
     if x.dtype in (float32, bfloat16) and residual.dtype is x.dtype and residual.shape == x.shape:
         C = x.shape[-1]
         N = x.size // C if C else 0
-        x, residual = contiguous(x), contiguous(residual)
         s, out = _empty(x.shape, x.dtype, x.device), _empty(x.shape, x.dtype, x.device)
         mean, rstd = _empty(x.shape[:-1], float32, x.device), _empty(x.shape[:-1], float32, x.device)
         _C.layernorm_add_forward_dt(x.device, _CODE[x.dtype], out.ptr, s.ptr, mean.ptr, rstd.ptr, x.ptr, residual.ptr,
@@ -783,9 +783,8 @@ def layer_norm_backward(grad: CudaArray, x: CudaArray, weight, mean: CudaArray, 
         dweight = _empty((C,), float32, x.device) if weight is not None else None
         dbias = _empty((C,), float32, x.device)
     res = None
-    if residual_grad is not None:
+    if residual_grad is not None:  # (..., C) as x
         res = residual_grad if residual_grad.dtype is x.dtype else astype(residual_grad, x.dtype)
-        res = contiguous(res) if res.shape == x.shape else contiguous(broadcast_to(res, x.shape))
     _C.layernorm_backward_dt(x.device, _CODE[x.dtype], dx.ptr, dweight.ptr if dweight is not None else 0,
                              dbias.ptr if dbias is not None else 0, grad.ptr, x.ptr,
                              weight.ptr if weight is not None else 0, mean.ptr, rstd.ptr, N, C,

@@ -17,6 +17,20 @@ from ..random import next_seed
 from ..tensor import Tensor, tensor, where
 
 
+def _autocast_operands(x: Tensor, weight: Tensor, bias: Tensor | None = None):
+    """Under autocast: x in bf16, and float32 master weights left as they are, with compute_dtype bf16
+    (the op casts them for its GEMM and writes their gradients in float32 itself, with no cast kernel
+    in the backward); weights of another dtype (a model converted to bf16) cast plainly, compute_dtype
+    None. Outside autocast nothing changes. -> (x, weight, bias, compute_dtype)."""
+    dt = _autocast_dtype(x)
+    if dt is None:
+        return x, weight, bias, None
+    x = x.type(dt)
+    if weight.dtype is not dtypes.float32 or (bias is not None and bias.dtype is not dtypes.float32):
+        return x, weight.type(dt), (bias.type(dt) if bias is not None else None), None
+    return x, weight, bias, dt
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
     """x (..., in) @ weight (out, in)^T + bias (out,) -> (..., out), then `activation`: None or "gelu"
     (tanh GELU, the same as gelu(linear(x, weight, bias)) in one op; on the GPU bias and GELU are
@@ -26,16 +40,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
                          f"but the weight expects {weight.shape[-1]} (weight shape {weight.shape})")
     if activation not in (None, "gelu"):
         raise ValueError(f"linear: activation must be None or 'gelu', got {activation!r}")
-    dt = _autocast_dtype(x)
-    if dt is not None:  # bf16 activations
-        x = x.type(dt)
-        if weight.dtype is not dtypes.float32 or (bias is not None and bias.dtype is not dtypes.float32):
-            # not float32 master weights (e.g. a model converted to bf16): plain casts, no-ops when bf16 already
-            weight, bias = weight.type(dt), (bias.type(dt) if bias is not None else None)
-            dt = None
+    x, weight, bias, dt = _autocast_operands(x, weight, bias)
     args = (x, weight) if bias is None else (x, weight, bias)
-    # with compute_dtype, the float32 weight and bias go in as they are: Linear casts them for its GEMM
-    # and writes their gradients in float32 itself (no cast kernels for them in the backward)
     return _Linear.apply(*args, activation=activation, compute_dtype=dt)
 
 
@@ -100,10 +106,7 @@ def add_layer_norm(x: Tensor, residual: Tensor, normalized_shape, weight: Tensor
         raise ValueError(f"add_layer_norm: x {x.shape} and residual {residual.shape} must have one shape")
     if weight is None and bias is not None:
         raise ValueError("add_layer_norm: a bias without a weight is not supported")
-    args = [x, residual] + [t for t in (weight, bias) if t is not None]
-    if weight is None:
-        return N.AddLayerNorm.apply(x, residual, None, None, eps=eps)
-    return N.AddLayerNorm.apply(*args, eps=eps)
+    return N.AddLayerNorm.apply(x, residual, weight, bias, eps=eps)
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
@@ -147,7 +150,8 @@ def linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, ignore_inde
     reduction 'mean' divides by the rows kept (target != ignore_index), 'sum' does not. The forward
     also computes the gradients of x and weight (those that require grad) and drops the (N, V)
     logits, so peak memory is the logits once and nothing of size N x V is kept for the backward.
-    Under autocast x and weight run in bf16; the loss and the softmax statistics stay float32."""
+    Under autocast x and weight run in bf16 (a float32 weight's gradient comes out in float32, as in
+    F.linear); the loss and the softmax statistics stay float32."""
     if weight.ndim != 2 or x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear_cross_entropy: x (..., C) and weight (V, C) do not fit: x {x.shape}, "
                          f"weight {weight.shape}")
@@ -160,12 +164,10 @@ def linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, ignore_inde
         raise ValueError(f"linear_cross_entropy: reduction must be 'mean' or 'sum', got {reduction!r} "
                          "(per-row losses: F.cross_entropy(F.linear(x, weight), targets, reduction='none'))")
     _check_targets_in_range("linear_cross_entropy", targets, weight.shape[0], ignore_index)
-    dt = _autocast_dtype(x)
-    if dt is not None:  # bf16 operands (fp32 master weights: the cast's backward returns fp32 gradients)
-        x, weight = x.type(dt), weight.type(dt)
+    x, weight, _, dt = _autocast_operands(x, weight)
     grad = is_grad_enabled()
     return _LinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), weight, targets.reshape(-1),
-                                     ignore_index=int(ignore_index), reduction=reduction,
+                                     ignore_index=int(ignore_index), reduction=reduction, compute_dtype=dt,
                                      need_dx=grad and x.requires_grad, need_dweight=grad and weight.requires_grad)
 
 

@@ -17,11 +17,16 @@ class LinearCrossEntropy(Function):
     summed over the rows or averaged over the rows kept (target != ignore_index). No bias.
 
     need_dx / need_dweight: which gradients to make in the forward (the caller knows which inputs
-    require grad); with neither, only the losses are computed."""
+    require grad); with neither, only the losses are computed. compute_dtype (autocast's bf16, or
+    None): x is of it already and weight is a float32 master weight, cast here for the GEMMs, whose
+    gradient comes out of its GEMM in float32 (as Linear's)."""
 
     def forward(self, x, weight, targets, ignore_index: int = -100, reduction: str = "mean",
-                need_dx: bool = False, need_dweight: bool = False):
+                compute_dtype=None, need_dx: bool = False, need_dweight: bool = False):
         be = self.be
+        weight_dtype = be.dtype_of(weight)
+        if compute_dtype is not None and weight_dtype is not compute_dtype:
+            weight = be.astype(weight, compute_dtype)  # (V, C)
         logits = be.matmul(x, weight, transpose_b=True)  # (N, C) @ (C, V) -> (N, V)
         self.dx = self.dweight = None
         if need_dx or need_dweight:
@@ -30,7 +35,7 @@ class LinearCrossEntropy(Function):
             if need_dx:
                 self.dx = be.matmul(dlogits, weight)  # (N, V) @ (V, C) -> (N, C)
             if need_dweight:
-                self.dweight = be.matmul(dlogits, x, transpose_a=True)  # (V, N) @ (N, C) -> (V, C)
+                self.dweight = be.weight_grad(dlogits, x, weight_dtype)  # (V, N) @ (N, C) -> (V, C)
             del dlogits
         else:
             losses, _ = be.cross_entropy(logits, targets, ignore_index)  # (N,), lse (N,) unused
