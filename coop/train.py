@@ -21,10 +21,9 @@ from engine.checkpoint import CheckpointNotFoundError, load_checkpoint, save_che
 from engine.data import (BPETokenizer, CharTokenizer, TokenDataset, default_corpus, encode_corpus_in_memory,
                          tokenizer_from_json)
 from engine.nn import GPT, GPTConfig
-from engine.optim import AdamW, clip_grad_norm_, warmup_cosine_lr
 
 from .progress import Progress, format_duration
-from .replica import autocast_for
+from .training import TrainStep, autocast_for, evaluate, make_optimizer
 
 
 @dataclass
@@ -119,72 +118,45 @@ class Trainer:
                                  f"{model_cfg}; resume with the same model options")
         engine.manual_seed(cfg.seed)
         self.model = GPT(model_cfg).to(cfg.device)
-        self.optimizer = AdamW(self.model.optimizer_groups(cfg.weight_decay), lr=cfg.lr, betas=(0.9, cfg.beta2))
+        self.optimizer = make_optimizer(self.model, "adamw", cfg.lr, cfg.weight_decay, (0.9, cfg.beta2))
         self.rng = np.random.default_rng(cfg.seed)
-        self.step = 0
+        step = 0
         self.history: list[dict] = []
         if state:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.rng.bit_generator.state = state["data_rng"]
             engine.set_rng_state(state["engine_rng"])
-            self.step = int(state["step"])
+            step = int(state["step"])
             self.history = list(state["history"])
-            self.log(f"resumed from {self.ckpt_path} at step {self.step}")
-        # forward, backward, clipping and AdamW as one CUDA graph after two eager warm-up steps
-        self.captured = (engine.cuda.graphs.CapturedStep(self._update)
-                         if cfg.graph and str(cfg.device).startswith("cuda") else None)
+            self.log(f"resumed from {self.ckpt_path} at step {step}")
+        self.train_step_fn = TrainStep(self.model, self.optimizer, device=cfg.device, lr=cfg.lr, min_lr=cfg.min_lr,
+                                       warmup_steps=cfg.warmup_steps, total_steps=cfg.max_steps,
+                                       precision=cfg.precision, grad_clip=cfg.grad_clip, grad_accum=cfg.grad_accum,
+                                       graph=cfg.graph)
+        self.train_step_fn.step_count = step
+
+    @property
+    def step(self) -> int:
+        return self.train_step_fn.step_count
 
     def lr_at(self, step: int) -> float:
-        c = self.cfg
-        return warmup_cosine_lr(step, c.lr, c.warmup_steps, c.max_steps, c.min_lr)
-
-    def batch(self, data: TokenDataset, rng) -> tuple[engine.Tensor, engine.Tensor]:
-        x, y = data.get_batch(self.cfg.batch_size, self.cfg.block_size, rng)
-        return engine.tensor(x, device=self.cfg.device), engine.tensor(y, device=self.cfg.device)
+        return self.train_step_fn.lr_at(step)
 
     def train_step(self) -> engine.Tensor:
         """One optimiser step over grad_accum micro-batches; the loss stays on the device."""
-        lr = self.lr_at(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         batches = [self.train_data.get_batch(self.cfg.batch_size, self.cfg.block_size, self.rng)
                    for _ in range(self.cfg.grad_accum)]
-        xs, ys = np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches])  # (A, B, T)
-        if self.captured is not None:
-            total = self.captured(xs, ys)  # copied into the graph's input buffers, then one replay
-        else:
-            total = self._update(engine.tensor(xs, device=self.cfg.device), engine.tensor(ys, device=self.cfg.device))
-        self.step += 1
-        return total
+        if self.cfg.grad_accum == 1:
+            return self.train_step_fn(*batches[0])  # (B, T)
+        return self.train_step_fn(np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches]))  # (A, B, T)
 
-    def _update(self, xs: engine.Tensor, ys: engine.Tensor) -> engine.Tensor:
-        """Forward and backward over the micro-batches xs, ys (A, B, T), clipping, the AdamW update."""
-        self.optimizer.zero_grad()
-        total = None
-        for i in range(self.cfg.grad_accum):
-            with autocast_for(self.cfg.device, self.cfg.precision):
-                _, loss = self.model(xs[i], ys[i])
-            loss = loss * (1.0 / self.cfg.grad_accum)
-            loss.backward()
-            total = loss.detach() if total is None else total + loss.detach()
-        if self.cfg.grad_clip:
-            clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
-        return total
-
-    @engine.no_grad()
     def evaluate(self) -> dict:
-        self.model.eval()
         rng = np.random.default_rng(10_000 + self.cfg.seed)  # the same windows every evaluation
-        out = {}
         splits = (("train", self.train_data),) if self.cfg.eval_train else ()
-        for name, data in splits + (("val", self.val_data),):
-            with autocast_for(self.cfg.device, self.cfg.precision):
-                losses = [self.model(*self.batch(data, rng))[1] for _ in range(self.cfg.eval_batches)]
-            out[name] = float(engine.stack(losses).mean().item())
-        self.model.train()
-        return out
+        return {name: evaluate(self.model, (data.get_batch(self.cfg.batch_size, self.cfg.block_size, rng)
+                                            for _ in range(self.cfg.eval_batches)), self.cfg.device, self.cfg.precision)
+                for name, data in splits + (("val", self.val_data),)}
 
     def save(self) -> None:
         save_checkpoint(self.ckpt_path, model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),

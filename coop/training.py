@@ -1,0 +1,140 @@
+"""One training step for every way coop trains, and the helpers around it.
+
+`TrainStep` is forward (under autocast), backward, gradient clipping, the optimizer update and
+the learning-rate schedule; on a GPU the whole step is replayed as one captured CUDA graph.
+`coop train` (coop.train.Trainer) and every DiLoCo replica (coop.replica.Replica) step through
+it, so the two never drift apart. `evaluate` is the one validation loss both report.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+import numpy as np
+
+import engine
+from engine.data import TokenDataset
+from engine.optim import SGD, AdamW, clip_grad_norm_, warmup_cosine_lr
+
+
+def autocast_for(device: str, precision: str = "auto"):
+    """The forward pass's precision: bf16 autocast (float32 master weights) on a GPU unless
+    precision is "fp32"; float32 on the CPU, which has no bf16 arithmetic."""
+    on_gpu = str(device).startswith("cuda")
+    if precision not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {precision!r}")
+    if precision == "bf16" and not on_gpu:
+        raise ValueError("precision 'bf16' needs a CUDA device; the CPU backend trains in float32")
+    if on_gpu and precision != "fp32":
+        return engine.autocast("cuda", dtype=engine.bfloat16)
+    return contextlib.nullcontext()
+
+
+def weights_of(model: engine.nn.Module) -> dict[str, np.ndarray]:
+    """Every trained tensor of the model as float32 numpy, keyed by parameter name (tied weights once)."""
+    return {name: np.array(p.numpy(), dtype=np.float32) for name, p in model.named_parameters()}
+
+
+def load_weights(model: engine.nn.Module, weights: dict[str, np.ndarray]) -> None:
+    params = dict(model.named_parameters())
+    if set(params) != set(weights):
+        missing, extra = sorted(set(params) - set(weights)), sorted(set(weights) - set(params))
+        raise KeyError(f"weights do not match the model: missing {missing[:5]}, unexpected {extra[:5]}")
+    with engine.no_grad():
+        for name, p in params.items():
+            p.copy_(engine.tensor(weights[name], device=p.device))
+
+
+def make_optimizer(model: engine.nn.Module, name: str, lr: float, weight_decay: float,
+                   betas: tuple[float, float] = (0.9, 0.95)):
+    """AdamW (decoupled weight decay on the matrices only, as nanoGPT) or plain SGD."""
+    groups = model.optimizer_groups(weight_decay)
+    if name == "adamw":
+        return AdamW(groups, lr=lr, betas=betas)
+    if name == "sgd":
+        return SGD(groups, lr=lr)
+    raise ValueError(f"inner optimizer must be 'adamw' or 'sgd', got {name!r}")
+
+
+class TrainStep:
+    """`step(x, y)`: one optimizer step on a batch; returns the loss as a 0-d tensor on the device
+    (no host sync). With `grad_accum` A > 1, x and y are (A, B, T) and the gradients of the A
+    micro-batches (each loss scaled by 1/A) are summed before the update; otherwise (B, T).
+
+    `step_count` drives the schedule (linear warm-up, then cosine from lr to min_lr at
+    total_steps): the lr of step s is set on the optimizer before the step runs, outside the
+    captured graph, which sends it to the device on every replay."""
+
+    def __init__(self, model: engine.nn.Module, optimizer, *, device: str, lr: float, min_lr: float,
+                 warmup_steps: int, total_steps: int, precision: str = "auto", grad_clip: float = 1.0,
+                 grad_accum: int = 1, graph: bool = True):
+        autocast_for(device, precision)  # a bad precision fails here, before any work
+        self.model, self.optimizer, self.device, self.precision = model, optimizer, device, precision
+        self.lr, self.min_lr, self.warmup_steps, self.total_steps = lr, min_lr, warmup_steps, total_steps
+        self.grad_clip, self.grad_accum = grad_clip, grad_accum
+        self.step_count = 0
+        # forward, backward, clipping and the update as one CUDA graph after two eager warm-up steps
+        self.captured = engine.cuda.graphs.CapturedStep(self._update) \
+            if graph and str(device).startswith("cuda") else None
+
+    def lr_at(self, step: int) -> float:
+        return warmup_cosine_lr(step, self.lr, self.warmup_steps, self.total_steps, self.min_lr)
+
+    def __call__(self, x, y) -> engine.Tensor:
+        lr = self.lr_at(self.step_count)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.captured is not None:
+            loss = self.captured(x, y)  # copied into the graph's input buffers, then one replay
+        else:
+            loss = self._update(_on(x, self.device), _on(y, self.device))
+        self.step_count += 1
+        return loss
+
+    def _update(self, x: engine.Tensor, y: engine.Tensor) -> engine.Tensor:
+        """Forward and backward (over the micro-batches), clipping, the optimizer update; the loss, detached."""
+        self.optimizer.zero_grad()
+        if self.grad_accum == 1:
+            with autocast_for(self.device, self.precision):
+                _, loss = self.model(x, y)
+            loss.backward()
+            total = loss.detach()
+        else:
+            total = None
+            for i in range(self.grad_accum):
+                with autocast_for(self.device, self.precision):
+                    _, loss = self.model(x[i], y[i])
+                loss = loss * (1.0 / self.grad_accum)
+                loss.backward()
+                total = loss.detach() if total is None else total + loss.detach()
+        if self.grad_clip:
+            clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        return total
+
+    def reset(self) -> None:
+        """After the optimizer's state or the model's parameters were replaced (not their values)."""
+        if self.captured is not None:
+            self.captured.reset()
+
+
+def _on(batch, device: str) -> engine.Tensor:
+    return batch if isinstance(batch, engine.Tensor) else engine.tensor(batch, device=device)
+
+
+@engine.no_grad()
+def evaluate(model: engine.nn.Module, batches: Iterable[tuple], device: str, precision: str = "auto") -> float:
+    """Mean loss of `model` over the (x, y) batches (numpy or tensors), in eval mode and under
+    the same autocast as training; the model's train/eval mode is restored after."""
+    was_training = model.training
+    model.eval()
+    with autocast_for(device, precision):
+        losses = [model(_on(x, device), _on(y, device))[1] for x, y in batches]
+    model.train(was_training)
+    return float(engine.stack(losses).mean().item())
+
+
+def fixed_windows(data: TokenDataset, batches: int, batch_size: int, block_size: int, seed: int):
+    """`batches` random (x, y) windows of `data`, the same for the same seed: losses comparable across calls."""
+    rng = np.random.default_rng(seed)
+    return [data.get_batch(batch_size, block_size, rng) for _ in range(batches)]
