@@ -97,14 +97,17 @@ class DataSection(Section):
 
 
 class InnerSection(Section):
-    """K inner steps per round and each replica's inner optimizer (fields of coop.replica.InnerConfig)."""
+    """K inner steps per round and each replica's inner optimizer (fields of coop.replica.InnerConfig).
+    K is `inner_steps` in code; its key in a config file is `[inner] steps` (read and written so)."""
 
-    steps: int = Field(50, ge=1, le=1_000_000)  # K
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+    inner_steps: int = Field(50, ge=1, le=1_000_000, alias="steps")  # K
     optimizer: Literal["adamw", "sgd"] = "adamw"
     lr: float = Field(1e-3, gt=0.0)
     min_lr: float = Field(1e-4, ge=0.0)
     warmup_steps: int = Field(100, ge=0)
-    total_steps: int | None = Field(None, ge=1)  # of the cosine schedule; None = rounds.max_rounds * steps
+    total_steps: int | None = Field(None, ge=1)  # of the cosine schedule; None = rounds.max_rounds * inner_steps
     weight_decay: float = Field(0.1, ge=0.0)
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.95, ge=0.0, lt=1.0)
@@ -273,7 +276,7 @@ class RunConfig(Section):
         return seed
 
     def inner_total_steps(self) -> int:
-        return self.inner.total_steps or self.rounds.max_rounds * self.inner.steps
+        return self.inner.total_steps or self.rounds.max_rounds * self.inner.inner_steps
 
     def training_identity(self) -> dict[str, Any]:
         """The parts that must not change when a run resumes (model, data, seed): changing them
@@ -293,7 +296,7 @@ class RunConfig(Section):
     def inner_config(self) -> InnerConfig:
         from coop.replica import InnerConfig
 
-        return InnerConfig(**self.inner.model_dump(exclude={"steps", "total_steps"}),
+        return InnerConfig(**self.inner.model_dump(exclude={"inner_steps", "total_steps"}),
                            total_steps=self.inner_total_steps(), block_size=self.model.block_size)
 
     def outer_optimizer(self) -> NesterovSGD:

@@ -18,7 +18,7 @@ import numpy as np
 
 import engine
 from engine.checkpoint import CheckpointNotFoundError, load_checkpoint, save_checkpoint
-from engine.data import (BPETokenizer, CharTokenizer, TokenDataset, default_corpus, encode_corpus_in_memory,
+from engine.data import (BPETokenizer, CharTokenizer, default_corpus, encode_corpus_in_memory,
                          tokenizer_from_json)
 from engine.nn import GPT, GPTConfig
 

@@ -118,7 +118,7 @@ def join_command(args) -> int:
             return 2
         return int(peer.join(args.url, args) or 0)
 
-    from .worker import WorkerOptions, run_worker
+    from .coordinator.worker import WorkerOptions, run_worker
 
     options = WorkerOptions(url=args.url, token=args.token, name=args.name, device=args.device,
                             cache_dir=_cache_dir(args), max_rounds=args.max_rounds, retry_for_s=args.retry_for,

@@ -74,7 +74,7 @@ class Coordinator:
         self.spec = spec_of(self.weights)
         self.n_params = sum(a.size for a in self.weights.values())
         self.max_update_bytes = config.coordinator.max_update_bytes or default_update_limit(self.n_params, len(self.weights))
-        self.max_tokens = config.inner.steps * config.inner.batch_size * config.model.block_size
+        self.max_tokens = config.inner.inner_steps * config.inner.batch_size * config.model.block_size
         c = config.coordinator
         self.aggregator = Aggregator(self.shapes, max_norm=c.max_norm, trim_fraction=c.trim_fraction)
         self.machine = RoundMachine(first_round, config.rounds.max_rounds, c.min_workers, c.quorum_fraction,
@@ -177,7 +177,7 @@ class Coordinator:
             "round": self.machine.number,
             "done": self.machine.done,
             "max_rounds": c.rounds.max_rounds,
-            "inner_steps": c.inner.steps,
+            "inner_steps": c.inner.inner_steps,
             "inner": asdict(c.inner_config()),
             "model": asdict(self.model_config),
             "compression": c.compression.model_dump(),
@@ -434,7 +434,7 @@ class Coordinator:
             "model": {**asdict(self.model_config), "parameters": self.n_params},
             "data": self.data.describe(),
             "compression": self.config.compression.model_dump(),
-            "inner_steps": self.config.inner.steps,
+            "inner_steps": self.config.inner.inner_steps,
             "totals": dict(self.totals),
             "workers": [w.public(now, timeout) for w in self.members.workers.values()],
             "history": self.history,

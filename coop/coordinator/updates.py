@@ -43,7 +43,7 @@ def check_update(body: bytes | bytearray, round_number: int, *, shapes: Mapping[
         raise RequestError(422, f"update encoded with codec {meta['codec']!r:.40}, this run uses {codec!r}")
     if not 1 <= meta["tokens"] <= max_tokens:
         raise RequestError(422, f"update claims {meta['tokens']} tokens; a round of this run is at most "
-                                f"{max_tokens} (inner.steps x batch_size x block_size)")
+                                f"{max_tokens} ([inner] steps x batch_size x block_size)")
     loss = meta.get("loss")
     if loss is not None and not (isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss)):
         raise RequestError(422, f"update metadata 'loss' must be a finite number or null, got {loss!r:.40}")

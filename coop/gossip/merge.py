@@ -122,6 +122,29 @@ def gossip_round(
     return averaged  # type: ignore[return-value]
 
 
+def merge_group(
+    own_update: Weights,
+    own_tokens: float,
+    own_weights: Weights,
+    others: Sequence[tuple[Weights, float, Weights | None]],
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], float | None]:
+    """One peer's merge with the updates its group sent it (rules 2 and 3), before its outer step.
+
+    `others` holds (pseudo-gradient, tokens, their global weights or None) per partner. Returns
+    (the token-weighted mean pseudo-gradient, the peer's new copy of the global weights: the
+    mean of the group's copies where partners sent theirs, else its own copied, and the group's
+    consensus distance, or None when no partner sent its weights)."""
+    averaged = aggregate([own_update] + [u for u, _, _ in others], [own_tokens] + [t for _, t, _ in others])
+    new_weights = {name: np.array(a, dtype=np.float32) for name, a in own_weights.items()}
+    copies = [w for _, _, w in others if w is not None]
+    if not copies:
+        return averaged, new_weights, None
+    group = [own_weights] + copies
+    for name, array in new_weights.items():
+        array[...] = np.mean([w[name] for w in group], axis=0, dtype=np.float64)
+    return averaged, new_weights, consensus_distance(group)
+
+
 def consensus_distance(global_weights_list: Sequence[Weights]) -> float:
     """How far the replicas' copies of the global weights are from their mean:
     sqrt(mean_i ||theta_i - mean_j theta_j||^2), over all tensors (float64). 0 when they agree."""

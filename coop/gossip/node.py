@@ -11,9 +11,11 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import numpy as np
 
 from coop import __version__
+from coop.codec import Codec
 from coop.diloco import NesterovSGD
 from coop.gossip.inbox import Inbox, InboxRefusal
 from coop.gossip.membership import Membership
@@ -35,11 +37,18 @@ from coop.gossip.protocol import (
     Status,
     UpdateAccepted,
 )
-from coop.gossip.server import PeerError, ServerThread
 from coop.replica import Replica
 from coop.runconfig import RunConfig
 from coop.wire import WireError
 from engine.data import TokenDataset
+
+
+class PeerError(Exception):
+    """A refusal with an HTTP status; `round` is the refusing peer's current round when it matters."""
+
+    def __init__(self, status: int, detail: str, round_index: int | None = None):
+        super().__init__(detail)
+        self.status, self.detail, self.round = status, detail, round_index
 
 
 class PeerState:
@@ -66,6 +75,7 @@ class PeerState:
         self.outer: NesterovSGD | None = None
         self.spec: dict = {}
         self.replica: Replica | None = None
+        self.codec: Codec | None = None  # ours, kept across rounds: top-k's error feedback carries its residual
         self.val_data: TokenDataset | None = None
         self.data_message = b""
         # push results of the round being exchanged: peer id -> "accepted" / "stale" / "failed" / "refused"
@@ -82,8 +92,12 @@ class PeerState:
         self.bytes_sent = self.bytes_received = 0
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-push")
         self.heartbeat_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-heartbeat")
-        self.server: ServerThread | None = None
         self.heartbeat_thread: threading.Thread | None = None
+
+    def _client(self, timeout: float | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        t = timeout if timeout is not None else (self.config.gossip.request_timeout_s if self.config else 30.0)
+        return httpx.Client(headers=headers, timeout=t)
 
     def log(self, message: str) -> None:
         if not self.quiet:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from coop.codec import Codec, decode
+from coop.codec import Codec, Encoded, decode
 from coop.wire import TensorSpec, WireError, check_metadata, check_tensors, pack, unpack
 
 DELTA, GLOBAL, MOMENTUM = "delta/", "global/", "momentum/"
@@ -48,7 +48,13 @@ class Update:
 
 def pack_update(swarm: str, peer_id: str, round_index: int, tokens: int, loss: float | None, codec: Codec,
                 pseudo_gradient: dict[str, np.ndarray], global_weights: dict[str, np.ndarray] | None) -> bytes:
-    encoded = codec.encode(pseudo_gradient)
+    """Encode the pseudo-gradient with `codec`, then `pack_encoded`."""
+    return pack_encoded(swarm, peer_id, round_index, tokens, loss, codec.encode(pseudo_gradient), global_weights)
+
+
+def pack_encoded(swarm: str, peer_id: str, round_index: int, tokens: int, loss: float | None, encoded: Encoded,
+                 global_weights: dict[str, np.ndarray] | None) -> bytes:
+    """The update message of an already encoded pseudo-gradient (the round loop's codec encoded it)."""
     tensors = {DELTA + name: array for name, array in encoded.tensors.items()}
     if global_weights is not None:
         tensors.update({GLOBAL + name: np.asarray(array, dtype=np.float32) for name, array in global_weights.items()})

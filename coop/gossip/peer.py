@@ -14,21 +14,22 @@ import argparse
 import math
 import os
 import secrets
+import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import numpy as np
 
 import engine
-from coop.diloco import NesterovSGD, aggregate
+from coop.diloco import NesterovSGD
 from coop.gossip.membership import Membership
-from coop.gossip.merge import consensus_distance, partners_of, round_rng
 from coop.gossip.node import PeerState
-from coop.gossip.payload import pack_data, pack_update, parse_data, parse_state
+from coop.gossip.options import build_join_parser, build_start_parser
+from coop.gossip.payload import pack_data, parse_data, parse_state
 from coop.gossip.protocol import (
     Heartbeat,
     JoinReply,
@@ -39,22 +40,16 @@ from coop.gossip.protocol import (
     RoundRecord,
 )
 from coop.gossip.server import ServerThread, create_app
+from coop.gossip.transport import GossipTransport
 from coop.progress import Progress
 from coop.replica import Replica
-from coop.runconfig import RunConfig
+from coop.round import RoundLoop
+from coop.runconfig import ConfigError, RunConfig, load_run_config
 from coop.wire import spec_of
 from engine.data import TokenDataset, encode_corpus_in_memory, tokenizer_from_json
 from engine.nn import GPT
 
-CHUNK = 8 << 20  # upload bodies in 8 MB memoryview slices: httpx is ~6x faster than with one bytes body
 HISTORY = 1000  # rounds kept in the status history
-RETRY_SECONDS = 0.25  # between attempts to deliver an update to a partner that is behind
-
-
-def _chunks(body: bytes) -> Iterator[memoryview]:
-    view = memoryview(body)
-    for start in range(0, len(view), CHUNK):
-        yield view[start : start + CHUNK]
 
 
 def _default_advertise(host: str, port: int) -> str:
@@ -62,8 +57,6 @@ def _default_advertise(host: str, port: int) -> str:
 
 
 def _free_port(host: str) -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind((host if host not in ("", "::") else "0.0.0.0", 0))
         return s.getsockname()[1]
@@ -72,13 +65,10 @@ def _free_port(host: str) -> int:
 class PeerNode(PeerState):
     """A peer that trains: joins or starts a swarm, sends heartbeats, trains and merges each round."""
 
+    server: ServerThread | None = None
+
     # ------------------------------------------------------------------------------------------
     # Setting up: a new swarm, or joining one.
-
-    def _client(self, timeout: float | None = None) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        t = timeout if timeout is not None else (self.config.gossip.request_timeout_s if self.config else 30.0)
-        return httpx.Client(headers=headers, timeout=t)
 
     def _build(self, config: RunConfig, tokens: np.ndarray, tokenizer_json: str, init: bool) -> None:
         """Model, replica and data from the config and the swarm's tokens (both kinds of peer)."""
@@ -95,6 +85,7 @@ class PeerNode(PeerState):
                                seed=int(self.peer_id.encode().hex()[:15], 16) % (2**31), model=model)
         self.val_data = val
         self.config = config
+        self.codec = config.codec()
         self.data_message = pack_data(tokens, tokenizer_json)
         if init:
             self.global_weights = self.replica.weights()
@@ -210,124 +201,6 @@ class PeerNode(PeerState):
     # ------------------------------------------------------------------------------------------
     # One round's exchange and merge.
 
-    def _push_once(self, member: Member, round_index: int, body: bytes) -> tuple[str, int | None]:
-        """One attempt to deliver our update -> (outcome, the receiver's round if it said).
-        Outcomes: accepted; stale (the receiver is past this round); retry (it is behind, does not
-        know us yet, or is busy); refused (anything else: it will not take it); failed (unreachable)."""
-        try:
-            with self._client() as client:
-                response = client.post(f"{member.url}/v1/gossip/{round_index}", content=_chunks(body),
-                                       headers={"content-type": "application/octet-stream",
-                                                "content-length": str(len(body))})
-        except httpx.HTTPError as error:
-            self.log(f"update to {member.peer_id} failed: {type(error).__name__}: {error}")
-            return "failed", None
-        if response.status_code == 200:
-            return "accepted", None
-        try:
-            their_round = response.json().get("round")
-        except (ValueError, AttributeError):
-            their_round = None
-        their_round = their_round if isinstance(their_round, int) else None
-        if response.status_code == 409 and their_round is not None:
-            if their_round > round_index:
-                return "stale", their_round
-            if their_round < round_index:
-                return "retry", their_round  # it is behind: wait until it files this round
-            return "accepted", their_round  # a duplicate: an earlier attempt got through
-        if response.status_code in (403, 503):
-            return "retry", their_round  # it has not heard of us yet (heartbeats spread members), or is busy
-        self.log(f"update to {member.peer_id} refused ({response.status_code}): {response.text[:300]}")
-        return "refused", their_round
-
-    def _push(self, member: Member, round_index: int, body: bytes, deadline: float) -> None:
-        """Deliver our update to one partner, retrying every RETRY_SECONDS while it is behind or
-        does not know us yet, until the exchange's deadline; records the outcome."""
-        while True:
-            outcome, their_round = self._push_once(member, round_index, body)
-            if outcome != "retry":
-                break
-            with self.cond:
-                if (self.exchange_round != round_index or member.peer_id not in self.membership.members
-                        or self.stopping.is_set() or time.monotonic() + RETRY_SECONDS > deadline):
-                    break
-            time.sleep(RETRY_SECONDS)
-        with self.cond:
-            if self.exchange_round == round_index:
-                self.push_results[member.peer_id] = outcome
-                if their_round is not None:
-                    self.push_rounds[member.peer_id] = their_round
-            if outcome == "accepted":
-                self.bytes_sent += len(body)
-                self.membership.heard_from(member.peer_id)
-            self.cond.notify_all()
-
-    def exchange(self, round_index: int, pseudo_gradient: dict[str, np.ndarray], tokens: int, loss: float):
-        """Send our update to our group, wait for theirs (or the timeout), and merge. Returns
-        (partners sent to, updates averaged in, consensus distance, next round)."""
-        gossip = self.config.gossip
-        with self.cond:
-            self.phase = "exchanging"
-            active = self.membership.active(round_index)
-            partners = partners_of(active, self.peer_id, gossip.group_size, round_rng(self.config.seed, round_index))
-            self.exchange_round = round_index
-            self.push_results, self.push_rounds = {}, {}
-            own_weights = self.global_weights
-        body = pack_update(self.swarm, self.peer_id, round_index, tokens, loss, self.config.codec(), pseudo_gradient,
-                           own_weights if gossip.mix_weights else None)
-        deadline = time.monotonic() + gossip.exchange_timeout_s
-        sent: set[str] = set()
-        with self.cond:
-            while True:
-                # our group, plus anyone who sent us an update for this round (their view of the
-                # members differs from ours): the exchange stays symmetric
-                wanted = (set(partners) | self.inbox.senders(round_index)) - sent - {self.peer_id}
-                for pid in sorted(wanted):
-                    member = self.membership.members.get(pid)
-                    if member is not None:
-                        sent.add(pid)
-                        self.pool.submit(self._push, member, round_index, body, deadline)
-                received = self.inbox.senders(round_index)
-                members = self.membership.members
-                # past: partners that (by their heartbeats) already merged this round without us;
-                # they skipped it after falling behind, or closed it before our update came
-                past = {pid: members[pid].round for pid in sent
-                        if pid in members and members[pid].round > round_index and pid not in received}
-                # waiting for: partners still being sent to, or that took ours and have not sent theirs
-                pending = [pid for pid in sent if pid not in received and pid in members and pid not in past
-                           and self.push_results.get(pid) in (None, "accepted")]
-                remaining = deadline - time.monotonic()
-                if not pending or remaining <= 0 or self.stopping.is_set():
-                    break
-                self.cond.wait(min(remaining, 0.5))
-            updates = self.inbox.close(round_index)
-            next_round = max([round_index + 1, *past.values()] + [r for p, r in self.push_rounds.items()
-                                                                   if self.push_results.get(p) == "stale"])
-            if next_round > round_index + 1:
-                self.inbox.close(next_round - 1)
-            self.exchange_round = -1
-        if pending:
-            self.log(f"round {round_index}: no update from {sorted(pending)} within {gossip.exchange_timeout_s:g}s; "
-                     "going on without")
-
-        # merge (rule 2 and 3 of coop.gossip.merge), then the outer step on our own copy
-        averaged = aggregate([pseudo_gradient] + [u.pseudo_gradient for u in updates],
-                             [tokens] + [u.tokens for u in updates])
-        cd = None
-        new_weights = {n: a.copy() for n, a in own_weights.items()}
-        copies = [u.global_weights for u in updates if u.global_weights is not None]
-        if copies:
-            group = [own_weights] + copies
-            cd = consensus_distance(group)
-            for name, array in new_weights.items():
-                array[...] = np.mean([w[name] for w in group], axis=0, dtype=np.float64)
-        with self.cond:
-            self.outer.step(new_weights, averaged)
-            self.global_weights = new_weights
-            self.round = next_round
-            self.membership.set_my_round(next_round)
-        return sorted(sent), [u.peer_id for u in updates], cd, next_round
-
     # ------------------------------------------------------------------------------------------
     # The loop.
 
@@ -340,42 +213,19 @@ class PeerNode(PeerState):
                 self.cond.wait(0.5)
 
     def run(self) -> None:
-        config = self.config
-        rounds = config.rounds
+        """The round loop (coop.round) over the gossip transport, until the last round or a stop."""
+        rounds = self.config.rounds
         progress = Progress(total=rounds.max_rounds, start=self.round, quiet=self.quiet)
         if rounds.eval_every:  # the starting point, so that "the loss fell" can be read off the status
             self.replica.load_global(self.global_weights)
             self.initial_val = self.replica.evaluate(self.val_data, rounds.eval_batches)
-        while not self.stopping.is_set() and self.round < rounds.max_rounds:
-            round_index = self.round
-            with self.cond:
-                self.phase = "training"
-                weights = self.global_weights
+        loop = RoundLoop(self.replica, self.codec, GossipTransport(self), self.config.inner.inner_steps)
+        while True:
             started = time.perf_counter()
-            result = self.replica.run_round(weights, config.inner.steps)
-            train_seconds = time.perf_counter() - started
-            partners, received, cd, next_round = self.exchange(round_index, result.pseudo_gradient, result.tokens,
-                                                               result.mean_loss)
-            val_loss = None
-            if rounds.eval_every and (round_index + 1) % rounds.eval_every == 0:
-                self.replica.load_global(self.global_weights)
-                val_loss = self.replica.evaluate(self.val_data, rounds.eval_batches)
-            record = RoundRecord(round=round_index, loss=result.mean_loss if math.isfinite(result.mean_loss) else None,
-                                 val_loss=val_loss, consensus_distance=cd, partners=partners, received_from=received,
-                                 seconds=time.perf_counter() - started)
-            with self.cond:
-                self.history = (self.history + [record])[-HISTORY:]
-                self.last_loss = record.loss
-                self.last_val = val_loss if val_loss is not None else self.last_val
-                self.last_cd = cd if cd is not None else self.last_cd
-                self.tokens_per_second = result.tokens / max(train_seconds, 1e-9)
-                members = len(self.membership.members)
-                sent, got = self.bytes_sent, self.bytes_received
-            cd_text = f"{cd:.4f}" if cd is not None else "-"
-            val_text = f"  val {val_loss:.3f}" if val_loss is not None else ""
-            progress.update(min(next_round, progress.total), f"round {round_index} loss {result.mean_loss:.3f}{val_text}  "
-                            f"members {members} group {1 + len(received)}/{1 + len(partners)}  cd {cd_text}  "
-                            f"sent {sent / 1e6:.1f} MB recv {got / 1e6:.1f} MB", tokens=result.tokens)
+            report = loop.run_round()
+            if report is None:
+                break
+            self._record(report, started, progress)
         with self.cond:
             self.phase = "done" if not self.stopping.is_set() else "stopped"
         first = self.initial_val
@@ -383,6 +233,31 @@ class PeerNode(PeerState):
                       f"{first if first is None else round(first, 3)} -> "
                       f"{self.last_val if self.last_val is None else round(self.last_val, 3)}; "
                       f"sent {self.bytes_sent / 1e6:.1f} MB, received {self.bytes_received / 1e6:.1f} MB")
+
+    def _record(self, report, started: float, progress: Progress) -> None:
+        """After one round: the val loss every eval_every rounds, the history, the status, the progress line."""
+        rounds, result, round_index = self.config.rounds, report.result, report.round
+        partners, received, cd, next_round = report.outcome
+        val_loss = None
+        if rounds.eval_every and (round_index + 1) % rounds.eval_every == 0:
+            self.replica.load_global(self.global_weights)
+            val_loss = self.replica.evaluate(self.val_data, rounds.eval_batches)
+        record = RoundRecord(round=round_index, loss=result.mean_loss if math.isfinite(result.mean_loss) else None,
+                             val_loss=val_loss, consensus_distance=cd, partners=partners, received_from=received,
+                             seconds=time.perf_counter() - started)
+        with self.cond:
+            self.history = (self.history + [record])[-HISTORY:]
+            self.last_loss = record.loss
+            self.last_val = val_loss if val_loss is not None else self.last_val
+            self.last_cd = cd if cd is not None else self.last_cd
+            self.tokens_per_second = result.tokens / max(result.seconds, 1e-9)
+            members = len(self.membership.members)
+            sent, got = self.bytes_sent, self.bytes_received
+        cd_text = f"{cd:.4f}" if cd is not None else "-"
+        val_text = f"  val {val_loss:.3f}" if val_loss is not None else ""
+        progress.update(min(next_round, progress.total), f"round {round_index} loss {result.mean_loss:.3f}{val_text}  "
+                        f"members {members} group {1 + len(received)}/{1 + len(partners)}  cd {cd_text}  "
+                        f"sent {sent / 1e6:.1f} MB recv {got / 1e6:.1f} MB", tokens=result.tokens)
 
     # ------------------------------------------------------------------------------------------
     # Lifetime.
@@ -462,17 +337,30 @@ def join(url: str, args: argparse.Namespace) -> int:
                           linger=float(getattr(args, "linger", 0) or 0))
 
 
-def start_main(argv: list[str] | None = None) -> int:
-    """`coop swarm start [--config run.toml] [--port 8500] [--token T] [--wait-peers N]` (see coop.gossip.cli)."""
-    from coop.gossip.cli import build_start_parser, start_from_args
+def _sigterm_as_interrupt(signum, frame):  # docker stop / kubectl delete: leave cleanly, like Ctrl-C
+    raise KeyboardInterrupt
 
+
+def start_from_args(args: argparse.Namespace) -> int:
+    """`coop swarm start` with its parsed options (coop.gossip.options)."""
+    try:
+        config = load_run_config(args.config) if args.config else RunConfig()
+    except ConfigError as error:
+        print(f"coop swarm start: {error}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    return start_swarm(config, host=args.host, port=args.port, token=args.token or os.environ.get("COOP_TOKEN"),
+                       advertise=args.advertise, device=args.device, wait_peers=args.wait_peers, quiet=args.quiet,
+                       peer_id=args.peer_id, linger=args.linger)
+
+
+def start_main(argv: list[str] | None = None) -> int:
+    """`coop swarm start [--config run.toml] [--port 8500] [--token T] [--wait-peers N]` as a function."""
     return start_from_args(build_start_parser().parse_args(argv))
 
 
 def join_main(argv: list[str] | None = None) -> int:
     """`python -m coop.gossip.peer join URL ...`: what `coop-worker join URL` does for a peer's URL."""
-    from coop.gossip.cli import build_join_parser
-
     args = build_join_parser().parse_args(argv)
     args.token = args.token or os.environ.get("COOP_TOKEN")
     return join(args.url, args)

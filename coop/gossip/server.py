@@ -1,6 +1,6 @@
 """The HTTP API a peer serves to the other peers (FastAPI under uvicorn, in a background thread).
 
-Routes only: every decision is the node's (`coop.gossip.peer.PeerNode`); a node method raises
+Routes only: every decision is the node's (`coop.gossip.node.PeerState`); a node method raises
 `PeerError(status, detail)` and the route answers that status with {"detail": ..., "round": ...}.
 With a swarm token, everything but /v1/info and /v1/status needs `Authorization: Bearer <token>`.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hmac
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from coop import __version__
+from coop.gossip.node import PeerError, PeerState
 from coop.gossip.protocol import (
     MAX_JSON_BYTES,
     Heartbeat,
@@ -28,18 +29,7 @@ from coop.gossip.protocol import (
     UpdateAccepted,
 )
 
-if TYPE_CHECKING:
-    from coop.gossip.peer import PeerNode
-
 BINARY = "application/octet-stream"
-
-
-class PeerError(Exception):
-    """A refusal with an HTTP status; `round` is the refusing peer's current round when it matters."""
-
-    def __init__(self, status: int, detail: str, round_index: int | None = None):
-        super().__init__(detail)
-        self.status, self.detail, self.round = status, detail, round_index
 
 
 def check_declared_length(request: Request, limit: int) -> None:
@@ -72,7 +62,7 @@ async def read_json(request: Request, model: type) -> Any:
         raise PeerError(422, f"bad {model.__name__} body: {error}") from error
 
 
-def create_app(node: PeerNode) -> FastAPI:
+def create_app(node: PeerState) -> FastAPI:
     app = FastAPI(title="coop peer", version=__version__,
                   description="Peer-to-peer DiLoCo: the API peers serve each other (docs/p2p.md).")
 

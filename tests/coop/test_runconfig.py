@@ -46,7 +46,7 @@ def test_example_config_parses_and_has_the_defaults(tmp_path):
     config = load_run_config(path)
     assert config.compression.codec == "int8" and config.compression.options == {"block_size": 256}
     assert config.outer.lr == 0.7 and config.outer.momentum == 0.9
-    assert config.inner_total_steps() == config.rounds.max_rounds * config.inner.steps
+    assert config.inner_total_steps() == config.rounds.max_rounds * config.inner.inner_steps
     assert config.coordinator == RunConfig().coordinator and config.gossip == RunConfig().gossip
 
 
@@ -71,7 +71,7 @@ def test_one_file_serves_the_coordinator_and_a_swarm(tmp_path):
 def test_yaml_and_json(tmp_path):
     (tmp_path / "run.yaml").write_text("model:\n  n_layer: 2\ninner:\n  steps: 7\ngossip:\n  group_size: 4\n")
     config = load_run_config(tmp_path / "run.yaml")
-    assert config.inner.steps == 7 and config.gossip.group_size == 4
+    assert config.inner.inner_steps == 7 and config.gossip.group_size == 4
     (tmp_path / "run.json").write_text(json.dumps({"rounds": {"max_rounds": 3}, "coordinator": {"min_workers": 2}}))
     assert load_run_config(tmp_path / "run.json").coordinator.min_workers == 2
 
@@ -117,7 +117,7 @@ def test_older_layouts_still_read():
                    "gossip": {"codec": "int8", "codec_options": {"block_size": 64}, "heartbeat_interval": 0.5,
                               "dead_after": 4, "exchange_timeout": 6}}
     config = parse_run_config(swarm_style)
-    assert (config.inner.steps, config.rounds.max_rounds, config.rounds.eval_every) == (7, 9, 3)
+    assert (config.inner.inner_steps, config.rounds.max_rounds, config.rounds.eval_every) == (7, 9, 3)
     assert config.data.default_chars == 50000 and config.compression.options == {"block_size": 64}
     assert (config.gossip.heartbeat_s, config.gossip.dead_after_s, config.gossip.exchange_timeout_s) == (0.5, 4, 6)
     assert swarm_style["rounds"] == 9  # the caller's dict is left alone

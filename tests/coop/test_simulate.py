@@ -12,7 +12,7 @@ from coop.cli import main as coop_main
 from coop.codec import get_codec
 from coop.diloco import shapes_of
 from coop.replica import Replica
-from coop.simulate_report import read_jsonl
+from coop.simulate.report import read_jsonl
 
 # A tiny GPT on a slice of the embedded corpus: a few ms per step.
 TINY = dict(default_corpus_chars=60_000, n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4,
@@ -114,7 +114,7 @@ def test_topk_keeps_one_error_feedback_residual_per_replica(setup, monkeypatch):
         made.append(real(cfg, name))
         return made[-1]
 
-    monkeypatch.setattr(sim, "codec_for", spy)
+    monkeypatch.setattr(sim.runs, "codec_for", spy)  # where run_diloco looks it up
     sim.run_diloco(replace(setup, cfg=replace(setup.cfg, rounds=2)), "topk")
     residuals = [c.residual for c in made if getattr(c, "residual", None)]
     assert len(residuals) == 3  # one encoder per replica, each with its own residual

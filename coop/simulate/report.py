@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from .progress import Progress, format_duration
+from ..progress import Progress, format_duration
 
 
 class RunLog:

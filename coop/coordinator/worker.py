@@ -1,0 +1,226 @@
+"""The HTTP worker: `coop-worker join URL` against a coordinator.
+
+    join -> download the data shard -> the round loop (coop.round.RoundLoop over HttpTransport):
+        download the global weights of the open round r
+        train K inner steps from them (coop.replica.Replica, on --device)
+        upload the encoded pseudo-gradient for round r
+        long-poll until round r closes (re-uploading if a restarted coordinator lost it)
+    until the run is done.
+
+Network errors and coordinator restarts are retried with exponential backoff; a worker whose
+token the coordinator no longer knows joins again and carries on at the current round. Ctrl-C
+(or SIGTERM) leaves the run cleanly.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engine.data import TokenDataset
+from engine.nn import GPTConfig
+
+from ..codec import get_codec
+from ..progress import Progress, format_duration
+from ..replica import InnerConfig, Replica
+from ..round import RoundLoop, RoundReport
+from ..wire import WireError, unpack
+from .client import CoordinatorClient, Heartbeat, NeedsRejoin, WorkerError
+from .transport import HttpTransport
+
+log = logging.getLogger("coop.worker")
+
+
+@dataclass
+class WorkerOptions:
+    url: str
+    token: str | None = None  # the run's access token, for joining
+    name: str = field(default_factory=socket.gethostname)
+    device: str = "cpu"
+    cache_dir: Path | None = None  # downloaded shards are kept here (None: not cached)
+    max_rounds: int | None = None  # leave after contributing this many rounds (None: until the run ends)
+    retry_for_s: float = 900.0  # give up when the coordinator is unreachable for this long
+    timeout_s: float = 600.0  # for one transfer
+    quiet: bool = False
+
+
+class Worker:
+    def __init__(self, options: WorkerOptions, out=sys.stderr):
+        self.options = options
+        self.out = out
+        self.client = CoordinatorClient(options.url, options.retry_for_s, options.timeout_s)
+        self.replica: Replica | None = None
+        self.loop: RoundLoop | None = None
+        self.run_info: dict[str, Any] = {}
+        self.contributed = 0
+        self.stale = 0
+        self.tokens = 0
+        self.last_loss: float | None = None
+        self.started = time.monotonic()
+        self.heartbeat: Heartbeat | None = None
+        self.progress: Progress | None = None
+
+    def say(self, message: str) -> None:
+        if self.progress is not None:
+            self.progress.note(message)
+        elif not self.options.quiet:
+            print(message, file=self.out, flush=True)
+
+    # -- joining -----------------------------------------------------------------------------------
+    def join(self) -> None:
+        response = self.client.request("POST", "/v1/join", token=self.options.token,
+                                       json={"name": self.options.name[:64], "device": self.options.device[:32]})
+        info = response.json()
+        self.client.token = info["worker_token"]
+        self.run_info = info
+        shard = self.fetch_shard(info)
+        if self.replica is None:
+            model_config = GPTConfig.from_dict(info["model"])
+            inner = InnerConfig(**info["inner"])
+            self.replica = Replica(model_config, shard, inner, device=self.options.device, seed=int(info["seed"]))
+            shapes = {name: tuple(p.shape) for name, p in self.replica.model.named_parameters()}
+            codec = get_codec(info["compression"]["codec"], **info["compression"]["options"])
+            self.loop = RoundLoop(self.replica, codec, HttpTransport(self.client, shapes, self.say),
+                                  int(info["inner_steps"]))
+            n_params = sum(p.numel() for p in self.replica.model.parameters())
+            self.say(f"joined {self.client.url} as {info['worker_id']} at round {info['round']}: GPT "
+                     f"{n_params / 1e6:.2f}M parameters, K = {info['inner_steps']}, codec "
+                     f"{info['compression']['codec']}, shard {info['shard']['index']}/{info['shard']['count']} "
+                     f"({len(shard):,} tokens), device {self.options.device}")
+        else:  # rejoined: keep the model and the inner optimizer state, take the (maybe new) shard
+            self.replica.data = shard
+            self.say(f"rejoined as {info['worker_id']} at round {info['round']}")
+        if self.heartbeat is None:
+            self.heartbeat = Heartbeat(self.client, float(info["heartbeat_s"]))
+            self.heartbeat.start()
+        if self.progress is None and not self.options.quiet:
+            self.progress = Progress(total=int(info["max_rounds"]), start=int(info["round"]), stream=self.out)
+
+    def fetch_shard(self, info: dict[str, Any]) -> TokenDataset:
+        shard = info["shard"]
+        cache = None
+        if self.options.cache_dir is not None:
+            cache = Path(self.options.cache_dir) / f"shard-{info['data_id']}-{shard['index']}of{shard['count']}.safetensors"
+            if cache.is_file():
+                try:
+                    return self._shard_from(cache.read_bytes(), info)
+                except WorkerError as error:
+                    log.warning("ignoring the cached shard %s: %s", cache, error)
+        response = self.client.request("GET", "/v1/shard")
+        body = response.content
+        self.client.bytes_down += len(body)
+        data = self._shard_from(body, info)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(cache.name + ".tmp")
+            tmp.write_bytes(body)
+            tmp.replace(cache)
+        return data
+
+    @staticmethod
+    def _shard_from(body: bytes, info: dict[str, Any]) -> TokenDataset:
+        try:
+            tensors, meta = unpack(body)
+        except WireError as error:
+            raise WorkerError(f"the coordinator sent a malformed shard: {error}") from None
+        tokens = tensors.get("tokens")
+        if tokens is None or tokens.ndim != 1 or tokens.dtype.kind != "u" or meta.get("data_id") != info["data_id"]:
+            raise WorkerError("the shard is not the one the coordinator described at join (data changed?)")
+        if tokens.size and int(tokens.max()) >= int(info["model"]["vocab_size"]):
+            raise WorkerError("the shard has token ids beyond the model's vocabulary")
+        return TokenDataset(tokens, meta.get("tokenizer"))
+
+    # -- the rounds --------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Train until the run is done (0), or raise KeyboardInterrupt / WorkerError."""
+        self.join()
+        while True:
+            try:
+                report = self.loop.run_round()
+            except NeedsRejoin as error:
+                self.say(f"the coordinator does not know this worker ({error}); joining again")
+                self.client.token = None
+                self.join()
+                continue
+            if report is None or self._account(report):
+                return 0
+
+    def _account(self, report: RoundReport) -> bool:
+        """Count and show one round; True when the worker should stop (run done or --max-rounds reached)."""
+        delivery = report.outcome
+        if delivery.outcome == "accepted":
+            self.contributed += 1
+            self.tokens += report.result.tokens
+            self.last_loss = report.result.mean_loss
+            self._progress(report.round, report.result, delivery.nbytes)
+            if self.options.max_rounds is not None and self.contributed >= self.options.max_rounds:
+                self.say(f"contributed {self.contributed} rounds (--max-rounds); leaving")
+                return True
+            return delivery.done
+        if delivery.outcome == "diverged":
+            self.say(f"round {report.round}: not sent, {report.refused}; starting again from the global weights")
+            return False
+        self.stale += 1
+        self.say(f"round {report.round}: update refused ({delivery.outcome}); resynchronising")
+        return delivery.done
+
+    def _progress(self, round_number: int, result, nbytes: int) -> None:
+        rate = result.tokens / max(result.seconds, 1e-9)
+        message = (f"round {round_number}  loss {result.mean_loss:.4f}  train {rate:,.0f} tok/s  "
+                   f"update {nbytes / 1e6:.2f} MB  up {self.client.bytes_up / 1e6:.1f} MB  "
+                   f"down {self.client.bytes_down / 1e6:.1f} MB")
+        if self.progress is not None:
+            self.progress.update(round_number + 1, message, tokens=result.tokens)
+        log.info(message)
+
+    # -- leaving -----------------------------------------------------------------------------------
+    def leave(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+        if self.client.token:
+            try:
+                self.client.request("POST", "/v1/leave", retry=False, timeout=5.0)
+            except (WorkerError, NeedsRejoin, httpx.HTTPError):
+                pass
+            self.client.token = None
+
+    def summary(self) -> str:
+        elapsed = time.monotonic() - self.started
+        loss = "-" if self.last_loss is None else f"{self.last_loss:.4f}"
+        return (f"{self.contributed} rounds contributed ({self.stale} refused as stale), {self.tokens:,} tokens, "
+                f"last local loss {loss}, up {self.client.bytes_up / 1e6:.1f} MB, down "
+                f"{self.client.bytes_down / 1e6:.1f} MB in {format_duration(elapsed)}")
+
+    def close(self) -> None:
+        self.leave()
+        self.client.close()
+
+
+def run_worker(options: WorkerOptions, out=sys.stderr) -> int:
+    """Join the coordinator at options.url and train until the run ends. Exit status: 0 done,
+    1 gave up (unreachable / refused), 130 interrupted."""
+    worker = None
+    try:
+        worker = Worker(options, out)  # inside the try: a Ctrl-C while setting up also leaves cleanly
+        status = worker.run()
+        print(f"\ncoop-worker: done: {worker.summary()}", file=out, flush=True)
+        return status
+    except KeyboardInterrupt:
+        summary = worker.summary() if worker is not None else "nothing contributed yet"
+        print(f"\ncoop-worker: interrupted; leaving the run. {summary}", file=out, flush=True)
+        return 130
+    except (WorkerError, NeedsRejoin) as error:
+        print(f"\ncoop-worker: {error}", file=out, flush=True)
+        return 1
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+__all__ = ["WorkerOptions", "Worker", "run_worker"]

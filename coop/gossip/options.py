@@ -1,0 +1,42 @@
+"""The command-line options of a peer, shared by `coop swarm start` (coop.gossip.cli) and
+`python -m coop.gossip.peer start|join` (coop.gossip.peer)."""
+from __future__ import annotations
+
+import argparse
+
+START_DESCRIPTION = ("Start a peer-to-peer swarm: this process is its first peer; others join with "
+                     "`coop-worker join http://THIS-HOST:PORT` (through this peer or any other live one).")
+
+
+def add_peer_options(parser: argparse.ArgumentParser, default_port: int | None) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all interfaces)")
+    parser.add_argument("--port", type=int, default=default_port,
+                        help="port to listen on (default: %(default)s; 0 or none: a free one)")
+    parser.add_argument("--advertise", help="URL the other peers reach this peer at (default http://HOST:PORT)")
+    parser.add_argument("--token", help="the swarm token, the same for every peer (default: $COOP_TOKEN)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--peer-id", help="this peer's id (default: 12 random hex digits)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument("--linger", type=float, default=0.0, help="after the last round, leave the swarm but keep "
+                        "serving status and weights for this many seconds")
+
+
+def add_start_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="run config (.toml, .yaml or .json; `coop swarm example-config` prints one, "
+                        "the same file `coop-coordinator serve` reads); default: its defaults, a small GPT")
+    parser.add_argument("--wait-peers", type=int, default=1, help="start round 0 once this many peers (this one "
+                        "included) are in the swarm (default: %(default)s, start at once)")
+    add_peer_options(parser, 8500)
+
+
+def build_start_parser(prog: str = "coop swarm start") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=START_DESCRIPTION)
+    add_start_options(parser)
+    return parser
+
+
+def build_join_parser(prog: str = "python -m coop.gossip.peer join") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Join a swarm through any live peer.")
+    parser.add_argument("url", help="any live peer of the swarm, e.g. http://10.0.0.5:8500")
+    add_peer_options(parser, None)
+    return parser

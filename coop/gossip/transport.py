@@ -1,0 +1,175 @@
+"""The gossip transport: a peer's rounds (coop.round.Transport) over the other peers.
+
+    begin:    the peer's own round and its own copy of the global weights
+    exchange: send the encoded pseudo-gradient to this round's group, wait for theirs, merge
+              (coop.gossip.merge.merge_group) and take the outer step on the peer's copy
+              (`PeerNode.exchange`)
+
+There is no coordinator: every peer is its own merge, so a peer's outer optimizer lives here,
+on the training side, next to its copy of the global weights.
+"""
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from coop.gossip.merge import merge_group, partners_of, round_rng
+from coop.gossip.node import PeerState
+from coop.gossip.payload import pack_encoded
+from coop.gossip.protocol import Member
+from coop.round import Contribution, RoundStart
+
+CHUNK = 8 << 20  # upload bodies in 8 MB memoryview slices: httpx is ~6x faster than with one bytes body
+RETRY_SECONDS = 0.25  # between attempts to deliver an update to a partner that is behind
+
+
+def _chunks(body: bytes):
+    view = memoryview(body)
+    for start in range(0, len(view), CHUNK):
+        yield view[start : start + CHUNK]
+
+
+class GossipTransport:
+    def __init__(self, node: PeerState):
+        self.node = node
+
+    def begin(self) -> RoundStart | None:
+        """None once the run's last round is done or the peer is stopping."""
+        node = self.node
+        with node.cond:
+            if node.stopping.is_set() or node.round >= node.config.rounds.max_rounds:
+                return None
+            node.phase = "training"
+            return RoundStart(node.round, node.global_weights)
+
+    def exchange(self, round_index: int, contribution: Contribution | None):
+        """-> (partners sent to, peers whose updates were averaged in, consensus distance, next round)."""
+        node = self.node
+        if contribution is not None:
+            return self._exchange(round_index, contribution)
+        # our update diverged (NaN/inf): nothing to send; our partners go on without us after their
+        # exchange timeout, and we start the next round from our unchanged copy of the global weights
+        node.log(f"round {round_index}: our update has NaN/inf values; not sent, skipping the round")
+        with node.cond:
+            node.round = round_index + 1
+            node.membership.set_my_round(node.round)
+        return [], [], None, round_index + 1
+
+    def _push_once(self, member: Member, round_index: int, body: bytes) -> tuple[str, int | None]:
+        """One attempt to deliver our update -> (outcome, the receiver's round if it said).
+        Outcomes: accepted; stale (the receiver is past this round); retry (it is behind, does not
+        know us yet, or is busy); refused (anything else: it will not take it); failed (unreachable)."""
+        node = self.node
+        try:
+            with node._client() as client:
+                response = client.post(f"{member.url}/v1/gossip/{round_index}", content=_chunks(body),
+                                       headers={"content-type": "application/octet-stream",
+                                                "content-length": str(len(body))})
+        except httpx.HTTPError as error:
+            node.log(f"update to {member.peer_id} failed: {type(error).__name__}: {error}")
+            return "failed", None
+        if response.status_code == 200:
+            return "accepted", None
+        try:
+            their_round = response.json().get("round")
+        except (ValueError, AttributeError):
+            their_round = None
+        their_round = their_round if isinstance(their_round, int) else None
+        if response.status_code == 409 and their_round is not None:
+            if their_round > round_index:
+                return "stale", their_round
+            if their_round < round_index:
+                return "retry", their_round  # it is behind: wait until it files this round
+            return "accepted", their_round  # a duplicate: an earlier attempt got through
+        if response.status_code in (403, 503):
+            return "retry", their_round  # it has not heard of us yet (heartbeats spread members), or is busy
+        node.log(f"update to {member.peer_id} refused ({response.status_code}): {response.text[:300]}")
+        return "refused", their_round
+
+    def _push(self, member: Member, round_index: int, body: bytes, deadline: float) -> None:
+        """Deliver our update to one partner, retrying every RETRY_SECONDS while it is behind or
+        does not know us yet, until the exchange's deadline; records the outcome. The retries go
+        on after our own merge of the round: a partner that is behind has not merged it yet, and
+        it waits for our update once it has taken its own to us."""
+        node = self.node
+        while True:
+            outcome, their_round = self._push_once(member, round_index, body)
+            if outcome != "retry":
+                break
+            with node.cond:
+                if (member.peer_id not in node.membership.members
+                        or node.stopping.is_set() or time.monotonic() + RETRY_SECONDS > deadline):
+                    break
+            time.sleep(RETRY_SECONDS)
+        with node.cond:
+            if node.exchange_round == round_index:
+                node.push_results[member.peer_id] = outcome
+                if their_round is not None:
+                    node.push_rounds[member.peer_id] = their_round
+            if outcome == "accepted":
+                node.bytes_sent += len(body)
+                node.membership.heard_from(member.peer_id)
+            node.cond.notify_all()
+
+    def _exchange(self, round_index: int, contribution: Contribution):
+        """Send our update to our group, wait for theirs (or the timeout), and merge. Returns
+        (partners sent to, updates averaged in, consensus distance, next round)."""
+        node = self.node
+        gossip = node.config.gossip
+        with node.cond:
+            node.phase = "exchanging"
+            active = node.membership.active(round_index)
+            partners = partners_of(active, node.peer_id, gossip.group_size, round_rng(node.config.seed, round_index))
+            node.exchange_round = round_index
+            node.push_results, node.push_rounds = {}, {}
+            own_weights = node.global_weights
+        body = pack_encoded(node.swarm, node.peer_id, round_index, contribution.tokens, contribution.loss,
+                            contribution.encoded, own_weights if gossip.mix_weights else None)
+        deadline = time.monotonic() + gossip.exchange_timeout_s
+        sent: set[str] = set()
+        with node.cond:
+            while True:
+                # our group, plus anyone who sent us an update for this round (their view of the
+                # members differs from ours): the exchange stays symmetric
+                wanted = (set(partners) | node.inbox.senders(round_index)) - sent - {node.peer_id}
+                for pid in sorted(wanted):
+                    member = node.membership.members.get(pid)
+                    if member is not None:
+                        sent.add(pid)
+                        node.pool.submit(self._push, member, round_index, body, deadline)
+                received = node.inbox.senders(round_index)
+                members = node.membership.members
+                # past: partners that (by their heartbeats) already merged this round without us;
+                # they skipped it after falling behind, or closed it before our update came. One
+                # that accepted our update merged it, and its own update to us is on its way.
+                past = {pid: members[pid].round for pid in sent
+                        if pid in members and members[pid].round > round_index and pid not in received
+                        and node.push_results.get(pid) != "accepted"}
+                # waiting for: partners still being sent to, or that took ours and have not sent theirs
+                pending = [pid for pid in sent if pid not in received and pid in members and pid not in past
+                           and node.push_results.get(pid) in (None, "accepted")]
+                remaining = deadline - time.monotonic()
+                if not pending or remaining <= 0 or node.stopping.is_set():
+                    break
+                node.cond.wait(min(remaining, 0.5))
+            updates = node.inbox.close(round_index)
+            next_round = max([round_index + 1, *past.values()] + [r for p, r in node.push_rounds.items()
+                                                                   if node.push_results.get(p) == "stale"])
+            if next_round > round_index + 1:
+                node.inbox.close(next_round - 1)
+            node.exchange_round = -1
+        if pending:
+            node.log(f"round {round_index}: no update from {sorted(pending)} within {gossip.exchange_timeout_s:g}s; "
+                     "going on without")
+
+        # merge (rules 2 and 3 of coop.gossip.merge): our update as our partners decode it, so that
+        # the whole group averages the same numbers; then the outer step on our own copy
+        averaged, new_weights, cd = merge_group(contribution.decoded(), contribution.tokens, own_weights,
+                                                [(u.pseudo_gradient, u.tokens, u.global_weights) for u in updates])
+        with node.cond:
+            node.outer.step(new_weights, averaged)
+            node.global_weights = new_weights
+            node.round = next_round
+            node.membership.set_my_round(next_round)
+        return sorted(sent), [u.peer_id for u in updates], cd, next_round

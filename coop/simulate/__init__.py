@@ -1,0 +1,28 @@
+"""`coop simulate`: N DiLoCo replicas in one process, against the baselines, on one token budget.
+
+Each round every taking-part replica starts from the merged weights, takes K inner steps on its
+own shard, and sends its pseudo-gradient through the codec (encode -> decode, bytes counted
+exactly); the merge (a topology: `star` = one global model and the outer optimizer, as the HTTP
+coordinator does; `gossip` = coop.gossip.merge) makes the next round's weights. Baselines on the
+same tokens: `ddp` (one model stepping on the concatenation of the N replicas' batches, drawn from
+the same shards with the same RNGs: what synchronous data-parallel computes) and `single` (one
+replica alone). Metrics go to OUT/metrics.jsonl, OUT/plot.png and a summary table.
+
+    config.py     SimulateConfig: every option of an invocation
+    setup.py      what the runs share: data, shards, the initial model, the eval windows
+    transport.py  the in-process transport and the merges (star, gossip)
+    runs.py       the runs: DiLoCo through coop.round.RoundLoop, the ddp / single baselines
+    report.py     metrics.jsonl, the plot and the summary table
+    cli.py        the command line
+"""
+from . import runs
+from .cli import add_parser, run
+from .config import SimulateConfig, codec_for
+from .runs import DataParallelReplica, RunResult, run_baseline, run_diloco, simulate
+from .setup import Setup, build_setup, copy_weights, data_seed, evaluate, inner_config, new_replica, outer_optimizer
+from .transport import TOPOLOGIES, GossipTopology, InProcessTransport, StarTopology
+
+__all__ = ["runs", "SimulateConfig", "Setup", "RunResult", "build_setup", "simulate", "run_diloco", "run_baseline",
+           "add_parser", "run", "codec_for", "copy_weights", "data_seed", "evaluate", "inner_config", "new_replica",
+           "outer_optimizer", "DataParallelReplica", "TOPOLOGIES", "StarTopology", "GossipTopology",
+           "InProcessTransport"]

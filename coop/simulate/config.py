@@ -1,0 +1,109 @@
+"""What one `coop simulate` invocation runs: the model, the cooperation, the optimisers, the runs."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..codec import Codec, get_codec
+
+
+@dataclass
+class SimulateConfig:
+    data: list[str] | None = None  # text files; None = the embedded default corpus (as `coop train`)
+    default_corpus_chars: int = 2_000_000
+    val_fraction: float = 0.1
+    out: str = "runs/simulate"
+    device: str = "cpu"
+    seed: int = 0
+    # model
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 64
+    dropout: float = 0.0
+    # the cooperation
+    replicas: int = 4
+    inner_steps: int = 50  # K
+    rounds: int | None = None  # R; default 6, or from --tokens
+    tokens: int | None = None  # budget over all replicas; rounds = ceil(tokens / (N K B T))
+    split: str = "iid"  # "iid" (blocks dealt round-robin) or "contiguous" (non-iid shards)
+    topology: str = "star"  # "star" or "gossip"
+    gossip_group_size: int = 2
+    gossip_mix: bool = True  # gossip also averages the group's weights (as the peers do by default)
+    compression: list[str] = field(default_factory=lambda: ["fp32"])  # one DiLoCo run per codec
+    int8_block: int = 256
+    topk_ratio: float = 0.01
+    downlink: str = "fp32"  # codec of the merged update sent back (fp32 = the full new weights' size)
+    drop_prob: float = 0.0  # chance a replica misses a round
+    join_at: list[str] = field(default_factory=list)  # "replica:round": absent before that round
+    # inner optimisation (per replica)
+    batch_size: int = 16
+    inner_optimizer: str = "adamw"
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    # outer optimisation and aggregation
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+    outer_warmup: int = 0  # rounds of linear outer-lr warm-up
+    max_norm: float = 0.0  # clip each pseudo-gradient's global norm (0: off)
+    trim_fraction: float = 0.0  # coordinate-wise trimmed mean (0: plain weighted mean)
+    weight_by: str = "tokens"  # "tokens" or "equal"
+    # what to run and show
+    baseline: list[str] = field(default_factory=lambda: ["ddp"])  # "ddp", "single", or "none"
+    no_diloco: bool = False
+    tag: str = ""  # appended to run names (diloco-fp32-TAG), to tell runs apart in one report
+    eval_batches: int = 10
+    plot: bool = True
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [("split", self.split, self.split in ("iid", "contiguous"), "iid or contiguous"),
+                  ("topology", self.topology, self.topology in ("star", "gossip"), "star or gossip"),
+                  ("weight-by", self.weight_by, self.weight_by in ("tokens", "equal"), "tokens or equal"),
+                  ("baseline", self.baseline, set(self.baseline) <= {"ddp", "single", "none"},
+                   "ddp and/or single, or none"),
+                  ("replicas", self.replicas, self.replicas >= 1, "at least 1"),
+                  ("inner-steps", self.inner_steps, self.inner_steps >= 1, "at least 1"),
+                  ("drop-prob", self.drop_prob, 0 <= self.drop_prob < 1, "in [0, 1)")]
+        bad = [f"--{name} {value!r} (expected {expected})" for name, value, ok, expected in checks if not ok]
+        if bad:
+            raise ValueError(f"coop simulate: bad option(s): {'; '.join(bad)}")
+        if self.rounds is not None and self.tokens is not None:
+            raise ValueError("coop simulate: give --rounds or --tokens, not both")
+        for name in [*self.compression, self.downlink]:
+            codec_for(self, name)  # an unknown codec fails before any training
+
+    @property
+    def tokens_per_round(self) -> int:
+        return self.replicas * self.inner_steps * self.batch_size * self.block_size
+
+    @property
+    def total_rounds(self) -> int:
+        if self.tokens is not None:
+            return max(1, math.ceil(self.tokens / self.tokens_per_round))
+        return 6 if self.rounds is None else self.rounds
+
+    def join_rounds(self) -> dict[int, int]:
+        """replica -> first round it takes part in (from --join-at replica:round)."""
+        out = {}
+        for item in self.join_at:
+            try:
+                replica, round_index = (int(v) for v in item.split(":"))
+            except ValueError:
+                raise ValueError(f"--join-at {item!r}: expected replica:round, e.g. 3:5") from None
+            if not (0 <= replica < self.replicas and round_index >= 0):
+                raise ValueError(f"--join-at {item!r}: replica must be in [0, {self.replicas}), round >= 0")
+            out[replica] = round_index
+        if len(out) == self.replicas and min(out.values()) > 0:
+            raise ValueError("--join-at: every replica joins late; at least one must start at round 0")
+        return out
+
+
+def codec_for(cfg: SimulateConfig, name: str) -> Codec:
+    options = {"int8": {"block_size": cfg.int8_block}, "topk": {"ratio": cfg.topk_ratio}}.get(name, {})
+    return get_codec(name, **options)

@@ -1,0 +1,138 @@
+"""The runs of `coop simulate`: DiLoCo per codec through the round loop, and the baselines."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import engine
+from engine.data import TokenDataset
+
+from ..replica import Replica
+from ..round import RoundLoop
+from . import report
+from .config import SimulateConfig, codec_for
+from .setup import Setup, build_setup, copy_weights, data_seed, evaluate, inner_config, new_replica
+from .transport import TOPOLOGIES, InProcessTransport, close_round, gossip_module
+
+
+@dataclass
+class RunResult:
+    name: str
+    records: list[dict]
+    weights: dict[str, np.ndarray]  # final (global, or mean of peers) weights
+    notes: list[str] = field(default_factory=list)
+
+
+def run_diloco(setup: Setup, codec_name: str, jsonl: Path | None = None) -> RunResult:
+    cfg = setup.cfg
+    n, inner_steps, rounds = cfg.replicas, cfg.inner_steps, cfg.total_rounds
+    joins = cfg.join_rounds()
+    inner = inner_config(cfg, cfg.batch_size, rounds * inner_steps)
+    topology = TOPOLOGIES[cfg.topology](setup)
+    loops = [RoundLoop(new_replica(setup, setup.shards[i], inner, data_seed(cfg.seed, i)),
+                       codec_for(cfg, codec_name),  # one per sender, kept across rounds: top-k keeps its residual
+                       InProcessTransport(topology, i, inner_steps), inner_steps) for i in range(n)]
+    churn = np.random.default_rng([cfg.seed, 7])
+    name = f"{'diloco' if cfg.topology == 'star' else cfg.topology}-{codec_name}" + (f"-{cfg.tag}" if cfg.tag else "")
+    rec = report.RunLog(name, n, rounds, jsonl, cfg.quiet)
+    version, holds = 0, {i: 0 for i in range(n) if joins.get(i, 0) == 0}  # replica -> merge it holds
+    for r in range(rounds):
+        active = [i for i in range(n) if joins.get(i, 0) <= r]
+        taking_part = [i for i in active if not (churn.random() < cfg.drop_prob)]
+        losses = []
+        for i in taking_part:
+            if holds.get(i) != version:  # a late joiner, or back after a missed round: the full weights
+                rec.received[i] += setup.fp32_bytes
+            round_report = loops[i].run_round()
+            losses.append(round_report.result.mean_loss)
+            if round_report.refused:
+                topology.refused.append(f"round {r} replica {i}: {round_report.refused}")
+        contributed = sorted(topology.inbox.updates)
+        tokens = sum(topology.inbox.tokens.values())
+        merged = close_round(topology)
+        if merged is not None:
+            bytes_sent, bytes_received = merged
+            version += 1
+            for i in contributed:
+                rec.sent[i] += bytes_sent.get(i, 0)
+                rec.received[i] += bytes_received.get(i, 0)
+                holds[i] = version
+        rec.point(r + 1, (r + 1) * inner_steps, float(np.mean(losses)) if losses else math.nan,
+                  evaluate(setup, topology.eval_weights()), tokens, contributed,
+                  consensus_distance=topology.consensus_distance())
+    return RunResult(name, rec.records, copy_weights(topology.eval_weights()), topology.refused)
+
+
+class DataParallelReplica(Replica):
+    """One model whose batch is the concatenation of every replica's batch, each drawn from that
+    replica's shard with that replica's RNG: exactly the gradient synchronous DDP averages."""
+
+    def __init__(self, *args, shards: list[TokenDataset], seeds: list[int], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.shards, self.rngs = shards, [np.random.default_rng(s) for s in seeds]
+
+    def next_batch(self):
+        per_replica = self.inner.batch_size // len(self.shards)
+        pairs = [s.get_batch(per_replica, self.inner.block_size, rng) for s, rng in zip(self.shards, self.rngs)]
+        x, y = np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])  # (N B, T)
+        return engine.tensor(x, device=self.device), engine.tensor(y, device=self.device)
+
+
+def run_baseline(setup: Setup, kind: str, jsonl: Path | None = None) -> RunResult:
+    """`ddp`: R*K steps at batch N*B, one fp32 gradient sent and received per step and replica.
+    `single`: one replica at batch B for N*R*K steps on the whole train set, nothing sent."""
+    cfg = setup.cfg
+    n, inner_steps, rounds = cfg.replicas, cfg.inner_steps, cfg.total_rounds
+    if kind == "ddp":
+        seeds = [data_seed(cfg.seed, i) for i in range(n)]
+        model = new_replica(setup, setup.shards[0], inner_config(cfg, n * cfg.batch_size, rounds * inner_steps),
+                            seeds[0], cls=DataParallelReplica, shards=setup.shards, seeds=seeds)
+        steps_per_point, bytes_per_step = inner_steps, setup.fp32_bytes
+    else:
+        model = new_replica(setup, setup.train, inner_config(cfg, cfg.batch_size, n * rounds * inner_steps),
+                            data_seed(cfg.seed, -1))
+        steps_per_point, bytes_per_step = n * inner_steps, 0
+    name = kind + (f"-{cfg.tag}" if cfg.tag else "")
+    rec = report.RunLog(name, n, rounds, jsonl, cfg.quiet)
+    for r in range(rounds):
+        losses = engine.stack([model.train_step() for _ in range(steps_per_point)]).numpy()
+        for i in range(n):
+            rec.sent[i] += bytes_per_step * steps_per_point
+            rec.received[i] += bytes_per_step * steps_per_point
+        rec.point(r + 1, (r + 1) * steps_per_point, float(np.mean(losses)), evaluate(setup, model.weights()),
+                  steps_per_point * model.inner.batch_size * cfg.block_size, list(range(n)) if kind == "ddp" else [0])
+    return RunResult(name, rec.records, model.weights())
+
+
+def simulate(cfg: SimulateConfig, log=print) -> list[RunResult]:
+    """Every requested run, in order: DiLoCo per codec, then the baselines. Writes OUT/metrics.jsonl
+    (replaced), OUT/plot.png, and logs the summary table."""
+    if cfg.device.startswith("cuda") and not engine.cuda.is_available():
+        raise SystemExit(f"coop simulate: --device {cfg.device} but CUDA is not available: "
+                         f"{engine.cuda.unavailable_reason()}")
+    if cfg.topology == "gossip" and not cfg.no_diloco:
+        gossip_module()  # fail before any training
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / "metrics.jsonl"
+    jsonl.write_text("")
+    setup = build_setup(cfg)
+    params = sum(a.size for a in setup.initial.values())
+    log(f"coop simulate: {params / 1e6:.2f}M parameters ({report.human_bytes(setup.fp32_bytes)} fp32), "
+        f"{cfg.replicas} replicas x K={cfg.inner_steps} x {cfg.total_rounds} rounds, "
+        f"{cfg.tokens_per_round * cfg.total_rounds:,} tokens, split {cfg.split}, topology {cfg.topology}; "
+        f"data {len(setup.train):,} train / {len(setup.val):,} val tokens")
+    results = []
+    if not cfg.no_diloco:
+        results += [run_diloco(setup, codec, jsonl) for codec in cfg.compression]
+    results += [run_baseline(setup, kind, jsonl) for kind in cfg.baseline if kind != "none"]
+    for result in results:
+        for note in result.notes:
+            log(f"{result.name}: refused an update, {note}")
+    records = [r for result in results for r in result.records]
+    report.finish(records, out, cfg.plot, log, title=f"coop simulate: {cfg.replicas} replicas, K={cfg.inner_steps}")
+    log(f"metrics: {jsonl}")
+    return results
