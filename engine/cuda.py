@@ -2,7 +2,7 @@
 
 Importing this never fails: without a CUDA build of `engine._C`, a driver or a GPU,
 `is_available()` is False and `unavailable_reason()` says why. The functions live in the CUDA
-backend (engine/backends/cuda/runtime.py); CUDA graphs are engine/graphs.py, also reachable as
+backend (engine/backends/cuda/runtime.py); CUDA graphs are engine/graphs/, also reachable as
 `engine.cuda.graphs`.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Learning rates and step counts kept on the GPU, so that one captured CUDA graph of a training
-step serves the whole schedule (engine/graphs.py).
+step serves the whole schedule (engine/graphs/).
 
 On a GPU, an optimizer's update kernels read `lr` and `step` from device memory instead of taking
 them as kernel parameters (which a captured graph would freeze at their capture-time values):

@@ -178,7 +178,7 @@ class Optimizer:
         for ds in self._device_scalars.values():
             ds.known = False  # the next step uploads the loaded lr and step counts
 
-    # ---- CUDA graphs (engine/graphs.py) ---------------------------------------------------------
+    # ---- CUDA graphs (engine/graphs/) ------------------------------------------------------------
 
     def _graph_capture(self):
         """Tell engine.graphs that this optimizer steps now; returns the capture under way, or None."""

@@ -1,5 +1,5 @@
 """CUDA graph capture as the backend offers it: graphs, their private memory pools, the allocator's
-count of cudaMallocs, and whether a device's stream is being captured. engine/graphs.py builds
+count of cudaMallocs, and whether a device's stream is being captured. engine/graphs/ builds
 CapturedStep and compile_block on these."""
 from __future__ import annotations
 
