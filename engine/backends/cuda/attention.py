@@ -240,3 +240,20 @@ def attention_qkv_backward(grad: CudaArray, qkv: CudaArray, out: CudaArray, lse:
                           lin, lin, lin, lo, B, n_head, T, T, D, bool(causal), float(scale), _precise(),
                           float(dropout_p), _ptr(rng))
     return dqkv
+
+
+# ---- which fused kernels run (benchmarks and tests compare them) ---------------------------------
+
+def attention_wgmma_built() -> bool:
+    """Whether engine._C has the sm_90a (wgmma) attention kernels (ENGINE_CUDA_ARCHS with 90a)."""
+    return bool(native.attention_wgmma_built())
+
+
+def attention_wgmma_forward(enabled: bool) -> bool:
+    """Use the wgmma forward kernel where it applies (else mma.sync); returns the previous setting."""
+    return native.attention_wgmma_forward(enabled)
+
+
+def attention_wgmma_backward(enabled: bool) -> bool:
+    """Use the wgmma backward kernel where it applies (else mma.sync); returns the previous setting."""
+    return native.attention_wgmma_backward(enabled)
