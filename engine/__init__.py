@@ -3,8 +3,8 @@ CUDA backend of its own kernels (engine._C).
 
 Layers, each importing only from those before it: dtypes, device, random, autocast -> _native
 (loads engine._C) -> backends (cpu/, cuda/) -> tensor (the data type) -> autograd -> ops (one
-Function per op) -> methods (Tensor's op methods), factories -> nn, optim, graphs, cuda, data,
-checkpoint -> this package."""
+Function per op) -> methods (Tensor's op methods), factories -> nn, graphs -> optim, cuda -> this
+package; data and checkpoint stand apart."""
 from __future__ import annotations
 
 from .dtypes import DType, bfloat16, bool_, float16, float32, float64, int32, int64, uint8
