@@ -4,10 +4,10 @@ from __future__ import annotations
 import platform
 import sys
 
+from . import cuda
+
 
 def main() -> int:
-    from . import cuda
-
     info = cuda.build_info()
     print(f"engine {info.get('version')}  (python {platform.python_version()}, {sys.platform})")
     print(f"  compiler:      {info.get('compiler')}")

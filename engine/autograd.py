@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import threading
 
+from .tensor import Tensor, install_methods
+
 _state = threading.local()
 
 
@@ -54,8 +56,6 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **params):
-        from .tensor import Tensor
-
         tensors = [a for a in args if isinstance(a, Tensor)]
         device = tensors[0].device
         for t in tensors[1:]:
@@ -109,8 +109,6 @@ def _topological_order(root) -> list:
 
 def backward(root, grad=None, retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) into `.grad` of every leaf that requires grad."""
-    from .tensor import Tensor
-
     if not root.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad (no op on its path required grad)")
     if grad is None:
@@ -164,3 +162,9 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 grads[id(parent)] = pg if prev is None else ctx.be.binary("add", prev, pg)
             if not retain_graph:
                 node._ctx = None
+
+
+@install_methods
+class AutogradMethods:
+    def backward(self, gradient=None, retain_graph: bool = False) -> None:
+        backward(self, gradient, retain_graph)

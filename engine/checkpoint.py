@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors.numpy
+from safetensors import SafetensorError
 
 TENSORS_FILE = "tensors.safetensors"
 STATE_FILE = "state.json"
@@ -193,12 +195,10 @@ def save_checkpoint(path: str | os.PathLike[str], **state: Any) -> None:
     encoder = _Encoder()
     tree = encoder.encode(state, "")
 
-    from safetensors.numpy import save_file
-
     tmp, prev = _siblings(path)
     tmp.mkdir()
     tensors_path = tmp / TENSORS_FILE
-    save_file(encoder.tensors, str(tensors_path))
+    safetensors.numpy.save_file(encoder.tensors, str(tensors_path))
     _fsync_file(tensors_path)
     manifest = {
         "format": FORMAT,
@@ -255,11 +255,8 @@ def load_checkpoint(path: str | os.PathLike[str], verify: bool = True) -> dict[s
             "load an earlier checkpoint"
         )
 
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
     try:
-        tensors = load_file(str(tensors_path))
+        tensors = safetensors.numpy.load_file(str(tensors_path))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{tensors_path} is corrupt ({e}); load an earlier checkpoint") from e
     state = _decode(manifest["state"], tensors)

@@ -10,7 +10,8 @@
 from engine.data.bpe import BPETokenizer
 from engine.data.corpus import default_corpus, stdlib_source_files
 from engine.data.dataset import TokenDataset, encode_corpus, encode_corpus_in_memory, token_dtype
-from engine.data.tokenizer import CharTokenizer, Tokenizer, load_tokenizer, tokenizer_from_json
+from engine.data.loading import load_tokenizer, tokenizer_from_json
+from engine.data.tokenizer import CharTokenizer, Tokenizer
 
 __all__ = [
     "BPETokenizer",

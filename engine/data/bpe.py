@@ -20,7 +20,7 @@ BYTE_ALPHABET_SIZE = 256
 
 def _hf() -> Any:
     try:
-        import tokenizers
+        import tokenizers  # optional at import time: loaded when a BPE tokenizer is first used
     except ImportError as e:  # the rest of engine works without it
         raise ImportError("BPETokenizer needs the `tokenizers` package: pip install tokenizers") from e
     return tokenizers

@@ -1,4 +1,4 @@
-"""The tokenizer interface, the character tokenizer, and `load_tokenizer`.
+"""The tokenizer interface and the character tokenizer (`load_tokenizer` is in loading.py).
 
 Every tokenizer has the same small interface (`Tokenizer`): `encode(text) -> list[int]`,
 `decode(ids) -> str`, `vocab_size`, `save(path)` / `load(path)` as one JSON file, and `info()`
@@ -157,33 +157,3 @@ class CharTokenizer:
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
-
-
-def tokenizer_from_json(serialized: str) -> Tokenizer:
-    """Rebuild a tokenizer from what its `to_json()` returned, whichever kind it is."""
-    try:
-        obj = json.loads(serialized)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"tokenizer JSON is not valid JSON ({e})") from e
-    if isinstance(obj, dict) and obj.get("kind") == CHAR_KIND:
-        return CharTokenizer.from_json(serialized)
-    # A byte-level BPE file is the `tokenizers` package's own format (so other tools can read it).
-    if isinstance(obj, dict) and isinstance(obj.get("model"), dict):
-        from engine.data.bpe import BPETokenizer
-
-        return BPETokenizer.from_json(serialized)
-    raise ValueError(
-        "unknown tokenizer JSON: expected a CharTokenizer file (kind 'char') or a `tokenizers` "
-        "BPE file (with a 'model' object)"
-    )
-
-
-def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    """Load a tokenizer saved by `CharTokenizer.save` or `BPETokenizer.save`, detecting the kind."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no tokenizer file at {path}; save one with tokenizer.save(path) first")
-    try:
-        return tokenizer_from_json(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from e

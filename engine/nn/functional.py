@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 from .. import dtypes
+from ..autocast import autocast
 from ..autocast import cast_for as _autocast_dtype
 from ..autograd import is_grad_enabled
 from ..ops import elementwise as E
@@ -14,7 +15,8 @@ from ..ops.attention import Attention as _Attention, AttentionQKV as _AttentionQ
 from ..ops.classifier import LinearCrossEntropy as _LinearCrossEntropy
 from ..ops.matmul import Linear as _Linear
 from ..random import next_seed
-from ..tensor import Tensor, tensor, where
+from ..methods.arithmetic import where
+from ..tensor import Tensor, install_methods, tensor
 
 
 def _autocast_operands(x: Tensor, weight: Tensor, bias: Tensor | None = None):
@@ -241,8 +243,6 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         return _Attention.apply(q, k, v, causal=bool(is_causal), scale=float(scale), dropout_p=float(dropout_p),
                                 seed=seed)
     if q.dtype == dtypes.bfloat16:  # the unfused path keeps scores and softmax in float32
-        from ..autocast import autocast
-
         with autocast("cuda", enabled=False):  # else the float32 inputs would be cast back to bf16
             out = scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal, scale)
         return out.type(dtypes.bfloat16)
@@ -281,3 +281,14 @@ def self_attention(qkv: Tensor, n_head: int, is_causal: bool = True, scale: floa
     seed = next_seed() if dropout_p > 0.0 else 0
     return _AttentionQKV.apply(qkv, n_head=int(n_head), causal=bool(is_causal), scale=float(scale),
                                dropout_p=float(dropout_p), seed=seed)
+
+
+@install_methods
+class SoftmaxMethods:
+    """Tensor.softmax and Tensor.log_softmax, the functional forms above as methods."""
+
+    def softmax(self, dim: int = -1):
+        return softmax(self, dim)
+
+    def log_softmax(self, dim: int = -1):
+        return log_softmax(self, dim)

@@ -8,7 +8,9 @@ import numpy as np
 
 from ..autograd import no_grad
 from ..random import default_generator
-from ..tensor import Tensor, arange, cat, tensor
+from ..factories import arange
+from ..methods.shape import cat
+from ..tensor import Tensor, tensor
 from . import functional as F
 from . import init
 from .layers import Dropout, Embedding, LayerNorm, Linear

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from .. import dtypes
-from ..tensor import Tensor, zeros, ones
+from ..factories import ones, zeros
+from ..tensor import Tensor
 from . import functional as F
 from . import init
 from .module import Module, Parameter

@@ -6,7 +6,9 @@ import math
 
 import numpy as np
 
-from ..tensor import Tensor, arange, cat, tensor
+from ..factories import arange
+from ..methods.shape import cat
+from ..tensor import Tensor, tensor
 from . import functional as F
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleList

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..autograd import Function
+from .elementwise import unbroadcast
 
 
 class Reshape(Function):
@@ -26,8 +27,6 @@ class Expand(Function):
     """Broadcast to a larger shape (a view on the CPU)."""
 
     def forward(self, x, shape: tuple):
-        from .elementwise import unbroadcast
-
         self.in_shape = tuple(x.shape)
         self._unbroadcast = unbroadcast
         return self.be.broadcast_to(x, shape)

@@ -1,4 +1,4 @@
-"""Reductions over axes: sum and max (mean is sum times a scalar, in tensor.py)."""
+"""Reductions over axes: sum and max (mean is sum times a scalar: engine/methods/reductions.py)."""
 from __future__ import annotations
 
 from ..autograd import Function

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import autograd
-from ..tensor import zeros_like
-from .optimizer import Optimizer, ParamsT, _all_float32, _cuda_C, _refuse_host_scalars, grads_of
+from ..factories import zeros_like
+from ..backends import cuda as cuda_backend
+from .optimizer import Optimizer, ParamsT, _all_float32, _refuse_host_scalars, grads_of
 
 
 class Adam(Optimizer):
@@ -86,12 +87,10 @@ class Adam(Optimizer):
                 grads = [be.binary("add", g, be.binary("mul", p.data, weight_decay)) for g, p in zip(grads, params)]
             if on_device:
                 ds = scalars[device.index]
-                _cuda_C().adamw_dev(
-                    device.index, [p.data.ptr for p in params], [g.ptr for g in grads],
-                    [self.state[p]["exp_avg"].data.ptr for p in params],
-                    [self.state[p]["exp_avg_sq"].data.ptr for p in params], [p.data.size for p in params],
-                    ds.lr_ptr(gi), ds.step_ptr(gi), float(beta1), float(beta2), float(group["eps"]),
-                    float(weight_decay if decoupled else 0.0),
+                cuda_backend.adamw_device_(
+                    [p.data for p in params], grads, [self.state[p]["exp_avg"].data for p in params],
+                    [self.state[p]["exp_avg_sq"].data for p in params], ds.lr_ptr(gi), ds.step_ptr(gi),
+                    beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=weight_decay if decoupled else 0.0,
                 )
                 if capture is not None:
                     self._note_captured_update(ds, gi, params, True)

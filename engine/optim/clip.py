@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from .. import autograd
 from ..device import get_default_device
 from ..dtypes import float32
-from ..tensor import Tensor, zeros
+from ..factories import zeros
+from ..tensor import Tensor
 
 _EPS = 1e-6  # PyTorch's: keeps max_norm / norm finite when the gradients are all zero
 

@@ -1,5 +1,5 @@
 """Learning rates and step counts kept on the GPU, so that one captured CUDA graph of a training
-step serves the whole schedule (engine/graphs.py).
+step serves the whole schedule (engine/graphs/).
 
 On a GPU, an optimizer's update kernels read `lr` and `step` from device memory instead of taking
 them as kernel parameters (which a captured graph would freeze at their capture-time values):
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends import cuda as cuda_backend
 from ..dtypes import float32
 
 _MAX_GROUPS = 64  # the step-advance kernel takes a 64-bit mask of groups
@@ -27,8 +28,6 @@ class DeviceScalars:
     __slots__ = ("array", "host", "known", "device", "n_groups")
 
     def __init__(self, n_groups: int, device_index: int):
-        from ..backends import cuda as cuda_backend
-
         self.device = device_index
         self.n_groups = n_groups
         self.array = cuda_backend.full((2, n_groups), 0.0, float32, device_index)
@@ -43,11 +42,8 @@ class DeviceScalars:
 
     def upload(self, row: int) -> None:
         """Copy one row of the mirror (0: lrs, 1: steps) to the device, queued on its stream."""
-        from .. import cuda as cuda_api
-
         src = np.ascontiguousarray(self.host[row])
-        cuda_api._C.copy_from_host(self.array.ptr + 4 * self.n_groups * row, src.view(np.uint8),
-                                   4 * self.n_groups, self.device)
+        cuda_backend.copy_from_numpy_(cuda_backend.getitem(self.array, (row,)), src)  # (G,) view of row `row`
 
     def snapshot(self) -> tuple:
         return self.host.copy(), self.known
@@ -64,8 +60,6 @@ def prepare(optimizer, device_index: int, updates: dict[int, tuple[float, int | 
     While a capture is under way nothing may be uploaded: an lr that differs is left for the
     replay to upload (CapturedStep does, before each launch), and the step count may only advance
     by one, through the recorded kernel."""
-    from .. import cuda as cuda_api
-
     table = optimizer._device_scalars
     n_groups = len(optimizer.param_groups)
     ds = table.get(device_index)
@@ -105,7 +99,7 @@ def prepare(optimizer, device_index: int, updates: dict[int, tuple[float, int | 
     if step_upload:
         ds.upload(1)  # holds the new counts of the advancing groups too: no kernel
     elif step_mask:
-        cuda_api._C.optim_step_advance(device_index, ds.step_ptr(0), step_mask)
+        cuda_backend.optim_step_advance(device_index, ds.step_ptr(0), step_mask)
     ds.known = True
     return ds
 

@@ -19,8 +19,11 @@ from typing import Any
 import numpy as np
 
 from .. import autograd
+from ..backends import cuda as cuda_backend
 from ..dtypes import float32
-from ..tensor import Tensor, zeros_like
+from ..graphs import step as graph_capture
+from ..factories import zeros_like
+from ..tensor import Tensor
 from ..tensor import tensor as _tensor
 from .device_scalars import prepare, sync_lrs
 
@@ -175,13 +178,11 @@ class Optimizer:
         for ds in self._device_scalars.values():
             ds.known = False  # the next step uploads the loaded lr and step counts
 
-    # ---- CUDA graphs (engine/graphs.py) ---------------------------------------------------------
+    # ---- CUDA graphs (engine/graphs/) ------------------------------------------------------------
 
     def _graph_capture(self):
         """Tell engine.graphs that this optimizer steps now; returns the capture under way, or None."""
-        from .. import graphs
-
-        return graphs._note_optimizer(self)
+        return graph_capture._note_optimizer(self)
 
     def _sync_device_lrs(self) -> None:
         """Before a replay: the device's lrs become the groups' current ones (a schedule moved them)."""
@@ -272,14 +273,8 @@ def grads_of(params: list[Tensor], who: str) -> list[Tensor]:
 
 def _all_float32(params: list[Tensor]) -> bool:
     """float32 parameters and gradients, and an engine._C with the device-scalar launchers."""
-    return hasattr(_cuda_C(), "adamw_dev") and all(
+    return cuda_backend.has_device_scalar_kernels() and all(
         p.data.dtype is float32 and p.grad.data.dtype is float32 for p in params)
-
-
-def _cuda_C():
-    from .. import cuda as cuda_api
-
-    return cuda_api._C
 
 
 def _refuse_host_scalars(optimizer: Optimizer, device, capture) -> None:

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import autograd
-from ..tensor import zeros_like
-from .optimizer import Optimizer, ParamsT, _all_float32, _cuda_C, _refuse_host_scalars, grads_of
+from ..factories import zeros_like
+from ..backends import cuda as cuda_backend
+from .optimizer import Optimizer, ParamsT, _all_float32, _refuse_host_scalars, grads_of
 
 
 class SGD(Optimizer):
@@ -75,11 +76,10 @@ class SGD(Optimizer):
             buffers = [self.state[p]["momentum_buffer"].data if momentum != 0 else None for p in params]
             if on_device:
                 ds = scalars[device.index]
-                _cuda_C().sgd_dev(
-                    device.index, [p.data.ptr for p in params], [g.data.ptr for g in grads],
-                    [b.ptr if b is not None else 0 for b in buffers], [p.data.size for p in params], ds.lr_ptr(gi),
-                    float(momentum), float(group["dampening"]), bool(group["nesterov"]),
-                    float(group["weight_decay"]), bool(first_step),
+                cuda_backend.sgd_device_(
+                    [p.data for p in params], [g.data for g in grads], buffers, ds.lr_ptr(gi),
+                    momentum=momentum, dampening=group["dampening"], nesterov=group["nesterov"],
+                    weight_decay=group["weight_decay"], first_step=first_step,
                 )
                 if capture is not None:
                     self._note_captured_update(ds, gi, params, False)

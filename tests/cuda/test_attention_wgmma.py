@@ -44,12 +44,12 @@ def _hopper() -> bool:
 @contextlib.contextmanager
 def _kernels(wgmma: bool):
     """bf16 attention on the wgmma kernels, or (False) on the mma.sync ones."""
-    prev = gpu._C.attention_wgmma_forward(wgmma), gpu._C.attention_wgmma_backward(wgmma)
+    prev = gpu.attention_wgmma_forward(wgmma), gpu.attention_wgmma_backward(wgmma)
     try:
         yield
     finally:
-        gpu._C.attention_wgmma_forward(prev[0])
-        gpu._C.attention_wgmma_backward(prev[1])
+        gpu.attention_wgmma_forward(prev[0])
+        gpu.attention_wgmma_backward(prev[1])
 
 
 KERNELS = [pytest.param(True, id="wgmma"), pytest.param(False, id="mma")]
@@ -58,7 +58,7 @@ KERNELS = [pytest.param(True, id="wgmma"), pytest.param(False, id="mma")]
 def test_default_build_has_the_hopper_kernel():
     if not _hopper():
         pytest.skip("needs a compute capability 9.0 GPU (H100 / H200)")
-    assert gpu._C.attention_wgmma_built(), \
+    assert gpu.attention_wgmma_built(), \
         "engine._C was built without sm_90a (ENGINE_CUDA_ARCHS); the attention forward falls back to mma.sync"
 
 

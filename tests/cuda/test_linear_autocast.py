@@ -18,6 +18,7 @@ import pytest
 import engine
 import engine.nn.functional as F
 from engine.backends import cpu
+from engine._native import native
 from engine.backends import cuda as gpu
 from engine.ops.matmul import Linear
 
@@ -254,5 +255,5 @@ def test_float32_out_gemm_refuses_other_dtypes():
     a = gpu.from_numpy(np.ones((4, 8), np.float32))
     c = gpu.from_numpy(np.zeros((4, 4), np.float32))
     with pytest.raises(Exception, match="cannot write"):
-        gpu._C.matmul(a.device, gpu._CODE[F32], c.ptr, a.ptr, a.ptr, 1, 4, 4, 8, False, True, 0, 0, 0,
+        native.matmul(a.device, gpu._CODE[F32], c.ptr, a.ptr, a.ptr, 1, 4, 4, 8, False, True, 0, 0, 0,
                       out_dtype=gpu._CODE[BF])

@@ -12,7 +12,8 @@ import pytest
 import engine
 from engine.backends import cpu
 from engine.backends import cuda as gpu
-from engine.backends.cuda import _C, _CODE
+from engine._native import native as _C
+from engine.backends.cuda import _CODE
 
 BF = engine.bfloat16
 rng = np.random.default_rng(0)

@@ -36,7 +36,7 @@ def test_caching_allocator_reuses_blocks():
 
 
 def test_training_ops_do_not_malloc_after_warmup():
-    from engine.cuda import _C
+    from engine._native import native as _C
     x = engine.randn(64, 128, device="cuda", requires_grad=True)
     w = engine.randn(128, 128, device="cuda", requires_grad=True)
 
@@ -54,7 +54,7 @@ def test_training_ops_do_not_malloc_after_warmup():
 
 
 def test_cuda_error_names_op_and_cuda_text():
-    from engine.cuda import _C
+    from engine._native import native as _C
     with pytest.raises(RuntimeError, match=r"set_device.*CUDA error cudaErrorInvalidDevice"):
         _C.synchronize(1000)
     # the device is still usable afterwards

@@ -25,31 +25,22 @@ import weakref
 
 import numpy as np
 
-from . import autograd
-from .device import Device
-from .tensor import Tensor
+from .. import autograd
+from ..backends import backend_for
+from ..backends import cuda as cb
+from ..backends.cuda import capture, runtime
+from ..device import Device
+from ..factories import full_like, zeros_like
+from ..tensor import Tensor
+from . import step as graphs
 
 _MISSING = object()
 
 
-def _graphs():
-    from . import graphs
-
-    return graphs
-
-
-def _C():
-    from . import cuda
-
-    return cuda._C
-
-
 def _export(arr, device: Device, cuda_index: int):
     """A fresh copy of a static device array, on `device` (GPU copy or host numpy)."""
-    from .backends import cuda as cb
-
     if device.type == "cuda":
-        return _graphs()._device_copy(arr, cuda_index)
+        return graphs._device_copy(arr, cuda_index)
     return np.asarray(cb.to_numpy(arr))
 
 
@@ -84,14 +75,9 @@ class _BlockGraph:
     """The forward and backward graphs of one input signature, and their static buffers."""
 
     def __init__(self, block: "CompiledBlock", inputs: tuple):
-        from .backends import cuda as cb
-        from .tensor import full_like, zeros_like
-
-        graphs = _graphs()
-        C = _C()
         self.dev = dev = block.device_index
         gpu = Device("cuda", dev)
-        self.pool = C.GraphPool(dev)
+        self.pool = capture.graph_pool(dev)
         self.params = block.params
         self.pending = None  # weakref to the node whose backward has not run yet
         self.static_in = []
@@ -124,7 +110,7 @@ class _BlockGraph:
                 self.pool.deactivate()
             self._clear_grads()
             del out
-            self.fwd = C.CudaGraph(dev, self.pool)
+            self.fwd = capture.cuda_graph(dev, self.pool)
             graphs._capture = ctx
             self.fwd.begin()
             try:
@@ -143,7 +129,7 @@ class _BlockGraph:
                 graphs._capture = None
                 self.gout = zeros_like(out)  # allocated outside the captures: eager code fills it
                 graphs._capture = ctx
-                self.bwd = C.CudaGraph(dev, self.pool)
+                self.bwd = capture.cuda_graph(dev, self.pool)
                 self.bwd.begin()
                 try:
                     autograd.backward(out, self.gout)
@@ -181,36 +167,27 @@ class _BlockGraph:
         return self.pending is not None and self.pending() is not None
 
     def load_output_grad(self, grad, device: Device) -> None:
-        C = _C()
         dst = self.gout.data
         if device.type == "cuda":
             if grad.dtype is not dst.dtype:
-                from .backends import cuda as cb
-
                 grad = cb.astype(grad, dst.dtype)
-            if dst.size:
-                C.copy_device(dst.ptr, grad.ptr, dst.nbytes, self.dev)
+            cb.copy_(dst, grad)
         else:
             arr = np.ascontiguousarray(np.broadcast_to(grad, dst.shape), dtype=dst.dtype.numpy)
-            if dst.size:
-                C.copy_from_host(dst.ptr, arr.reshape(-1).view(np.uint8), dst.nbytes, self.dev)
+            cb.copy_from_numpy_(dst, arr)
 
     def run(self, inputs: tuple) -> Tensor:
-        graphs = _graphs()
-        C = _C()
         for i, (s, x) in enumerate(zip(self.static_in, inputs)):
             graphs._copy_into(s, x, f"compile_block input {i}")
         for p, mirror in self.mirrors:  # CPU parameters (and buffers) may have changed since the last call
             host = np.ascontiguousarray(p.data, dtype=mirror.dtype.numpy)
-            C.copy_from_host(mirror.ptr, host.reshape(-1).view(np.uint8), mirror.nbytes, self.dev)
+            cb.copy_from_numpy_(mirror, host)
         self.fwd.replay()
         where = inputs[0].device
         out = Tensor._wrap(_export(self.out.data, where, self.dev), where)
         requires_grad = autograd.is_grad_enabled() and self.needs_backward and (
             any(x.requires_grad for x in inputs) or any(p.requires_grad for p in self.params))
         if requires_grad:
-            from .backends import backend_for
-
             node = _BlockNode()
             node.graph = self
             node.be, node.device = backend_for(where), where
@@ -244,17 +221,15 @@ class CompiledBlock:
         if not enabled:
             self.fallback_reason = "disabled (enabled=False)"
             return
-        reason = _graphs().capture_unavailable()
+        reason = graphs.capture_unavailable()
         if reason is not None:
             self._fall_back(reason)
             return
-        from . import cuda
-
-        self.device_index = cuda._index(device)
+        self.device_index = runtime._index(device)
 
     def _fall_back(self, reason: str) -> None:
         self.fallback_reason = reason
-        _graphs()._warn(f"compile_block({_graphs()._name_of(self.fn)})", reason)
+        graphs._warn(f"compile_block({graphs._name_of(self.fn)})", reason)
 
     def __call__(self, *inputs):
         if self.fallback_reason is not None:
@@ -263,7 +238,7 @@ class CompiledBlock:
             raise TypeError("compile_block: call the block with tensors only (one or more)")
         if len({x.device for x in inputs}) != 1:
             raise RuntimeError(f"compile_block: inputs on several devices ({sorted({str(x.device) for x in inputs})})")
-        if _graphs().is_capturing() or _C().capturing(self.device_index):
+        if graphs.is_capturing() or capture.capturing(self.device_index):
             return self._eager(inputs)  # inside an outer capture: its kernels join that graph
         key = (tuple((x.shape, x.dtype.name, str(x.device)) for x in inputs), getattr(self.fn, "training", None))
         graph = self._graphs.get(key, _MISSING)
@@ -272,7 +247,7 @@ class CompiledBlock:
                 graph = _BlockGraph(self, inputs)
             except Exception as e:  # noqa: BLE001 - any failure means: run it eagerly instead
                 graph = None
-                _graphs()._warn(f"compile_block({_graphs()._name_of(self.fn)}) for inputs {[x.shape for x in inputs]}",
+                graphs._warn(f"compile_block({graphs._name_of(self.fn)}) for inputs {[x.shape for x in inputs]}",
                                 f"capture failed: {type(e).__name__}: {e}")
             self._graphs[key] = graph
         if graph is None:
@@ -280,7 +255,7 @@ class CompiledBlock:
         if graph.busy():
             if not self._warned_busy:
                 self._warned_busy = True
-                _graphs()._warn(f"compile_block({_graphs()._name_of(self.fn)}) called again before the backward "
+                graphs._warn(f"compile_block({graphs._name_of(self.fn)}) called again before the backward "
                                 "of its previous call", "that call (and any like it) runs eagerly")
             return self._eager(inputs)
         return graph.run(inputs)

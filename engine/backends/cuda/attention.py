@@ -1,4 +1,4 @@
-"""The CUDA backend's attention primitives (part of `cuda.py`'s op set, which re-exports them).
+"""The CUDA backend's attention primitives.
 
 attention / attention_backward over (..., T, D) heads, attention_qkv / attention_qkv_backward
 straight from a packed (B, T, 3C) projection, optional dropout inside the kernels
@@ -12,9 +12,14 @@ import math
 
 import numpy as np
 
-from ..dtypes import DType, bfloat16, float32, int64
-from .cuda import (_C, _CODE, CudaArray, _device, _empty, _same_device, astype, binary, concat, from_numpy, full,  # noqa: A004
-                   getitem, matmul, max, permute, reshape, sum, unary, where)
+from ...dtypes import DType, bfloat16, float32, int64
+from ..._native import native
+from .arrays import _CODE, CudaArray, _device, _empty, _same_device
+from .creation import astype, from_numpy, full
+from .elementwise import binary, unary, where
+from .matmul import matmul
+from .movement import concat, getitem, permute, reshape
+from .reduce import max, sum  # noqa: A004 - the primitives' names
 
 
 def _attention_fusable(D: int, dtype: DType, *arrays) -> bool:
@@ -24,7 +29,7 @@ def _attention_fusable(D: int, dtype: DType, *arrays) -> bool:
 
 
 def _precise() -> bool:
-    return not _C.allow_tf32()  # float32 attention at ~float32 accuracy (3 TF32 products) when TF32 is off
+    return not native.allow_tf32()  # float32 attention at ~float32 accuracy (3 TF32 products) when TF32 is off
 
 
 def _fused_dropout(dtype: DType, dropout_p: float) -> bool:
@@ -46,14 +51,14 @@ def _rng_key(seed: int, device: int) -> CudaArray:
     """(1,) int64 holding the uint64 Philox key of attention dropout with this seed (mixed with the
     graph epoch while capturing), written on the device as a fused forward writes it."""
     rng = _empty((1,), int64, device)
-    _C.attention_rng_key(device, rng.ptr, int(seed) & 0xFFFFFFFFFFFFFFFF)
+    native.attention_rng_key(device, rng.ptr, int(seed) & 0xFFFFFFFFFFFFFFFF)
     return rng
 
 
 def _dropout_z(rng: CudaArray, shape: tuple, dropout_p: float) -> CudaArray:
     """Z (..., T, S) float32 under the key in rng: the leading axes are the kernels' B*H heads."""
     z = _empty(tuple(shape), float32, rng.device)
-    _C.attention_dropout_mask(rng.device, z.ptr, math.prod(shape[:-2]), shape[-2], shape[-1], float(dropout_p), 0,
+    native.attention_dropout_mask(rng.device, z.ptr, math.prod(shape[:-2]), shape[-2], shape[-1], float(dropout_p), 0,
                               rng.ptr)
     return z
 
@@ -64,7 +69,7 @@ def attention_dropout_mask(shape: tuple, p: float, seed: int, device_index=None)
     capture), so it equals cpu.attention_dropout_mask for the same seed."""
     BH, T, S = shape
     out = _empty((BH, T, S), float32, _device(device_index))
-    _C.attention_dropout_mask(out.device, out.ptr, BH, T, S, float(p), int(seed) & 0xFFFFFFFFFFFFFFFF, 0)
+    native.attention_dropout_mask(out.device, out.ptr, BH, T, S, float(p), int(seed) & 0xFFFFFFFFFFFFFFFF, 0)
     return out
 
 
@@ -143,7 +148,7 @@ def attention(q: CudaArray, k: CudaArray, v: CudaArray, causal: bool, scale: flo
     rng = _empty((1,), int64, dev) if dropout_p > 0.0 else None
     nb, lq = _flat_heads(q)
     _, lk = _flat_heads(k)
-    _C.attention_forward(dev, _CODE[q.dtype], out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, lq, lk, lk, lq, nb, 1, T, S, D,
+    native.attention_forward(dev, _CODE[q.dtype], out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, lq, lk, lk, lq, nb, 1, T, S, D,
                          bool(causal), float(scale), _precise(), float(dropout_p), int(seed) & 0xFFFFFFFFFFFFFFFF,
                          _ptr(rng))
     return out, lse, rng
@@ -169,7 +174,7 @@ def attention_backward(grad: CudaArray, q: CudaArray, k: CudaArray, v: CudaArray
     if nb * T == 0 or nb * S == 0:
         return full(q.shape, 0.0, q.dtype, dev), full(k.shape, 0.0, k.dtype, dev), full(v.shape, 0.0, v.dtype, dev)
     dq, dk, dv = _empty(q.shape, q.dtype, dev), _empty(k.shape, k.dtype, dev), _empty(v.shape, v.dtype, dev)
-    _C.attention_backward(dev, _CODE[q.dtype], dq.ptr, dk.ptr, dv.ptr, grad.ptr, q.ptr, k.ptr, v.ptr, out.ptr,
+    native.attention_backward(dev, _CODE[q.dtype], dq.ptr, dk.ptr, dv.ptr, grad.ptr, q.ptr, k.ptr, v.ptr, out.ptr,
                           lse.ptr, lq, lk, lk, lq, nb, 1, T, S, D, bool(causal), float(scale), _precise(),
                           float(dropout_p), _ptr(rng))
     return dq, dk, dv
@@ -199,7 +204,7 @@ def attention_qkv(qkv: CudaArray, n_head: int, causal: bool, scale: float, dropo
     rng = _empty((1,), int64, qkv.device) if dropout_p > 0.0 else None
     (oq, ok, ov), lin, lo = _qkv_layouts(B, T, C, D)
     isz = qkv.dtype.itemsize
-    _C.attention_forward(qkv.device, _CODE[qkv.dtype], out.ptr, lse.ptr, qkv.ptr + oq * isz, qkv.ptr + ok * isz,
+    native.attention_forward(qkv.device, _CODE[qkv.dtype], out.ptr, lse.ptr, qkv.ptr + oq * isz, qkv.ptr + ok * isz,
                          qkv.ptr + ov * isz, lin, lin, lin, lo, B, n_head, T, T, D, bool(causal), float(scale),
                          _precise(), float(dropout_p), int(seed) & 0xFFFFFFFFFFFFFFFF, _ptr(rng))
     return out, lse, rng
@@ -230,8 +235,25 @@ def attention_qkv_backward(grad: CudaArray, qkv: CudaArray, out: CudaArray, lse:
         return dqkv
     (oq, ok, ov), lin, lo = _qkv_layouts(B, T, C, D)
     isz = qkv.dtype.itemsize
-    _C.attention_backward(qkv.device, _CODE[qkv.dtype], dqkv.ptr + oq * isz, dqkv.ptr + ok * isz, dqkv.ptr + ov * isz,
+    native.attention_backward(qkv.device, _CODE[qkv.dtype], dqkv.ptr + oq * isz, dqkv.ptr + ok * isz, dqkv.ptr + ov * isz,
                           grad.ptr, qkv.ptr + oq * isz, qkv.ptr + ok * isz, qkv.ptr + ov * isz, out.ptr, lse.ptr,
                           lin, lin, lin, lo, B, n_head, T, T, D, bool(causal), float(scale), _precise(),
                           float(dropout_p), _ptr(rng))
     return dqkv
+
+
+# ---- which fused kernels run (benchmarks and tests compare them) ---------------------------------
+
+def attention_wgmma_built() -> bool:
+    """Whether engine._C has the sm_90a (wgmma) attention kernels (ENGINE_CUDA_ARCHS with 90a)."""
+    return bool(native.attention_wgmma_built())
+
+
+def attention_wgmma_forward(enabled: bool) -> bool:
+    """Use the wgmma forward kernel where it applies (else mma.sync); returns the previous setting."""
+    return native.attention_wgmma_forward(enabled)
+
+
+def attention_wgmma_backward(enabled: bool) -> bool:
+    """Use the wgmma backward kernel where it applies (else mma.sync); returns the previous setting."""
+    return native.attention_wgmma_backward(enabled)

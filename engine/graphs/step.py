@@ -1,36 +1,7 @@
-"""CUDA graphs: record GPU work once, replay it with one launch (also `engine.cuda.graphs`).
-
-On a small model most of a training step's time is Python deciding which kernel to launch next.
-A CUDA graph records the kernels one call queues (stream capture) and replays all of them with one
-launch, so that cost is paid once.
-
-    step = engine.cuda.graphs.CapturedStep(train_step)    # train_step(x, y) -> loss
-    for x, y in batches:                                  # numpy arrays, CPU or GPU tensors
-        scheduler.step()                                  # lr changes reach the graph
-        loss = step(x, y)                                 # warm-up, capture, then replays
-
-    block = engine.cuda.graphs.compile_block(model.mlp)   # one autograd node, its own fwd/bwd graphs
-    y = block(x)                                          # x on the GPU or the CPU
-
-What makes a replay compute what an eager step computes:
-- inputs are copied into static device buffers before each replay; outputs are copied out of
-  static buffers (the step's function sees the static buffers, on the GPU);
-- the optimizers read lr and step count from device memory (engine/optim/device_scalars.py):
-  set `group["lr"]` (or step a scheduler) *outside* the captured function; each replay uploads
-  the new lr and counts its step on the device;
-- the graph's memory comes from a private pool that eager code never reuses while the graph lives
-  (csrc/cuda/runtime.h); warm-up calls run eagerly, the last one in that pool, so the capture finds
-  its blocks there and lazily made things (optimizer state, cuBLASLt plans, masks) exist before it;
-- random kernels (dropout) mix a device-side epoch into their seed, and every replay advances it:
-  each replay draws new masks.
-
-What cannot be captured: anything that reads or writes host memory or waits for the GPU inside
-the step (`.item()`, `.numpy()`, `print(loss)`, `engine.tensor(host_data, device="cuda")`), or
-anything that creates state inside it. Then the capture is abandoned, the step's host-side effects
-are undone, and it runs eagerly from then on, with a GraphCaptureWarning that says why. Without
-CUDA every call runs eagerly (one warning). Python side effects of the function (counters,
-logging) happen once, at capture: only the GPU work is replayed.
-"""
+"""CapturedStep: a whole training step recorded once as a CUDA graph and replayed (see the package's
+docstring), and what the rest of engine asks while a capture is under way: whether one is
+(is_capturing), the optimizers that step inside it, how to undo a failed one; the static-buffer
+helpers that compile_block (block.py) shares."""
 from __future__ import annotations
 
 import functools
@@ -38,11 +9,13 @@ import warnings
 
 import numpy as np
 
-from . import dtypes
-from .device import Device
-from .tensor import Tensor
-
-__all__ = ["CapturedStep", "graph_step", "CompiledBlock", "compile_block", "GraphCaptureWarning", "is_capturing"]
+from .. import dtypes
+from .. import random as engine_random
+from ..backends import cuda as cb
+from ..backends.cuda import capture, runtime
+from ..device import Device
+from ..factories import zeros
+from ..tensor import Tensor, tensor
 
 
 class GraphCaptureWarning(UserWarning):
@@ -74,8 +47,6 @@ class _CaptureContext:
     """One capture attempt: the optimizers stepped inside it, and how to undo its host-side effects."""
 
     def __init__(self, known_optimizers=()):
-        from . import random as engine_random
-
         self.optimizers: list = []
         self.snapshots: list = []
         self.rng_state = engine_random.get_rng_state()
@@ -90,25 +61,16 @@ class _CaptureContext:
         self.optimizers.append(opt)
 
     def rollback(self) -> None:
-        from . import random as engine_random
-
         for opt, snap in self.snapshots:
             opt._capture_restore(snap)
         engine_random.set_rng_state(self.rng_state)
 
 
-def _cuda():
-    from . import cuda
-
-    return cuda
-
-
 def capture_unavailable() -> str | None:
     """Why no CUDA graph can be captured in this process, or None when one can."""
-    cuda = _cuda()
-    if not cuda.is_available():
-        return f"CUDA is not available ({cuda.unavailable_reason()})"
-    if not hasattr(cuda._C, "CudaGraph"):
+    if not runtime.is_available():
+        return f"CUDA is not available ({runtime.unavailable_reason()})"
+    if not capture.graphs_built():
         return "this build of engine._C has no CUDA graph support (rebuild it: pip install -e .)"
     return None
 
@@ -123,19 +85,11 @@ def _name_of(fn) -> str:
 
 def _device_copy(x, device: int):
     """A fresh device array holding x's values (outputs leave the static buffers this way)."""
-    from .backends import cuda as cb
-
-    C = _cuda()._C
-    buf = C.DeviceBuffer(x.nbytes, device)
-    out = cb.CudaArray(buf, buf.ptr, x.shape, x.dtype, device)
-    if x.size:
-        C.copy_device(out.ptr, x.ptr, x.nbytes, device)
-    return out
+    return cb.device_copy(x, device)
 
 
 def _copy_into(static: Tensor, x, what: str) -> None:
     """static (a GPU tensor) <- x (a tensor on any device, or a numpy array) of the same shape."""
-    C = _cuda()._C
     dev = static.device.index
     s = static.data
     if isinstance(x, Tensor):
@@ -147,8 +101,7 @@ def _copy_into(static: Tensor, x, what: str) -> None:
                 raise RuntimeError(f"{what} is on {x.device}, the graph runs on cuda:{dev}")
             if x.dtype != static.dtype:
                 raise TypeError(f"{what} is {x.dtype}, the graph was captured for {static.dtype}")
-            if x.data.ptr != s.ptr and s.size:
-                C.copy_device(s.ptr, x.data.ptr, s.nbytes, dev)
+            cb.copy_(s, x.data)  # (nothing to do when x is the static buffer itself)
             return
         x = x.data
     arr = np.asarray(x)
@@ -163,14 +116,11 @@ def _copy_into(static: Tensor, x, what: str) -> None:
             raise TypeError(f"{what} is {arr.dtype}, the graph was captured for {static.dtype}")
         arr = arr.astype(want)
     arr = np.ascontiguousarray(arr)
-    if s.size:
-        C.copy_from_host(s.ptr, arr.reshape(-1).view(np.uint8), s.nbytes, dev)
+    cb.copy_from_numpy_(s, arr)
 
 
 def _static_like(x, device: int) -> Tensor | None:
     """An empty GPU buffer for an input like x (a Tensor or array); None for anything else."""
-    from .tensor import zeros
-
     if isinstance(x, Tensor):
         return zeros(x.shape, dtype=x.dtype, device=Device("cuda", device))
     if isinstance(x, np.ndarray):
@@ -253,7 +203,7 @@ class CapturedStep:
         if reason is not None:
             self._fall_back(reason)
             return
-        self.device_index = _cuda()._index(device)
+        self.device_index = runtime._index(device)
         if example_inputs:
             self._make_statics(example_inputs)
 
@@ -293,8 +243,6 @@ class CapturedStep:
         self.calls += 1
         if self._statics is not None and self.device_index is not None:
             return self.step_fn(*self._stage(inputs))  # as warm-up and capture saw them: on the GPU
-        from .tensor import tensor
-
         return self.step_fn(*[tensor(x) if isinstance(x, np.ndarray) else x for x in inputs])
 
     def _fall_back(self, reason: str) -> None:
@@ -327,12 +275,11 @@ class CapturedStep:
 
     def _warm_up(self, args):
         global _recording
-        C = _cuda()._C
         dev = self.device_index
         last = self.calls == self.warmup - 1
         if last and self._pool is None:
-            self._pool = C.GraphPool(dev)
-        before = C.alloc_count(dev)
+            self._pool = capture.graph_pool(dev)
+        before = capture.alloc_count(dev)
         _recording = list(self._optimizers)
         if last:
             self._pool.activate()
@@ -342,20 +289,19 @@ class CapturedStep:
             if last:
                 self._pool.deactivate()
             self._optimizers, _recording = _recording, None
-        self._gpu_work = self._gpu_work or C.alloc_count(dev) != before
+        self._gpu_work = self._gpu_work or capture.alloc_count(dev) != before
         self.calls += 1
         return out
 
     def _capture(self, args):
         global _capture
-        C = _cuda()._C
         if not self._gpu_work:
             self._fall_back("the warm-up steps queued no GPU work (are the model and the optimizer on the GPU?)")
             return self._eager_after_fallback(args)
         for opt in self._optimizers:
             opt._sync_device_lrs()
         ctx = _CaptureContext(self._optimizers)
-        graph = C.CudaGraph(self.device_index, self._pool)
+        graph = capture.cuda_graph(self.device_index, self._pool)
         _capture = ctx
         try:
             graph.begin()
@@ -413,5 +359,3 @@ def graph_step(fn=None, *, warmup: int = 2, device=None, clone_outputs: bool = T
         return lambda f: CapturedStep(f, warmup=warmup, device=device, clone_outputs=clone_outputs, enabled=enabled)
     return CapturedStep(fn, warmup=warmup, device=device, clone_outputs=clone_outputs, enabled=enabled)
 
-
-from .graph_block import CompiledBlock, compile_block  # noqa: E402  (uses the helpers above)

@@ -1,0 +1,55 @@
+"""Transfer, creation and dtype primitives of the CPU backend (numpy arrays), and the dropout mask."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...dtypes import DType
+from ...dtypes import from_numpy as _dtype_of_numpy
+
+
+Array = np.ndarray
+
+
+_np = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "int64": np.int64,
+       "int32": np.int32, "uint8": np.uint8, "bool": np.bool_}
+
+
+def from_numpy(a: np.ndarray, device_index=None) -> Array:
+    """A backend array holding a copy of `a` (numpy in, array out)."""
+    return np.array(a, copy=True)
+
+
+def to_numpy(x: Array) -> np.ndarray:
+    return x
+
+
+def dtype_of(x: Array) -> DType:
+    return _dtype_of_numpy(x.dtype)
+
+
+def full(shape: tuple, value, dtype: DType, device_index=None) -> Array:
+    return np.full(shape, value, dtype=_np[dtype.name])
+
+
+def arange(start, stop, step, dtype: DType, device_index=None) -> Array:
+    return np.arange(start, stop, step, dtype=_np[dtype.name])
+
+
+def astype(x: Array, dtype: DType) -> Array:
+    return x.astype(_np[dtype.name], copy=False)
+
+
+def copy_(dst: Array, src: Array) -> None:
+    """dst[...] = src (same shape)."""
+    np.copyto(dst, src)
+
+
+def contiguous(x: Array) -> Array:
+    """x itself if C-contiguous and writeable, else a C-contiguous copy (0-d stays 0-d)."""
+    return x if x.flags.c_contiguous and x.flags.writeable else np.array(x, order="C")
+
+
+def dropout_mask(shape: tuple, p: float, seed: int, dtype: DType, device_index=None) -> Array:
+    """Inverted-dropout multiplier: 0 with probability p, else 1/(1-p); reproducible from `seed`."""
+    keep = np.random.default_rng(seed).random(shape, dtype=np.float32) >= p
+    return keep.astype(_np[dtype.name]) * np.asarray(1.0 / (1.0 - p), dtype=_np[dtype.name])

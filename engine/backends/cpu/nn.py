@@ -1,0 +1,112 @@
+"""Neural-network primitives of the CPU backend: layer norm (with the residual add), softmax,
+cross-entropy (with its in-place gradient), embedding."""
+from __future__ import annotations
+
+import numpy as np
+
+from .creation import Array
+
+
+def layer_norm(x: Array, weight, bias, eps: float):
+    """x (..., C) -> out (..., C), mean (...,), rstd (...,); weight, bias (C,) or None."""
+    mean = x.mean(axis=-1, keepdims=True)
+    xc = x - mean
+    var = np.mean(xc * xc, axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(var + np.asarray(eps, dtype=x.dtype))
+    out = xc * rstd
+    if weight is not None:
+        out *= weight
+    if bias is not None:
+        out += bias
+    return out, mean[..., 0], rstd[..., 0]
+
+
+def add_layer_norm(x: Array, residual: Array, weight, bias, eps: float):
+    """s = x + residual (..., C) and layer_norm(s): -> s, out, mean, rstd."""
+    s = x + residual
+    return (s,) + layer_norm(s, weight, bias, eps)
+
+
+def layer_norm_backward(grad: Array, x: Array, weight, mean: Array, rstd: Array, need_weight_grads: bool = True,
+                        residual_grad=None):
+    """grad (..., C) -> dx (..., C), dweight (C,) or None, dbias (C,) or None; with residual_grad (..., C),
+    dx + residual_grad (the gradient of the residual stream that x is, as the CUDA backend fuses it)."""
+    C = x.shape[-1]
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    gw = grad * weight if weight is not None else grad
+    # dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
+    dx = (gw - gw.mean(axis=-1, keepdims=True) - xhat * (gw * xhat).mean(axis=-1, keepdims=True)) * rstd[..., None]
+    dweight = dbias = None
+    if need_weight_grads:
+        flat_g = grad.reshape(-1, C)
+        dweight = (flat_g * xhat.reshape(-1, C)).sum(axis=0) if weight is not None else None
+        dbias = flat_g.sum(axis=0)
+    if residual_grad is not None:
+        dx = dx + residual_grad
+    return dx, dweight, dbias
+
+
+def softmax(x: Array) -> Array:
+    """Softmax over the last axis."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_backward(out: Array, grad: Array) -> Array:
+    return out * (grad - (grad * out).sum(axis=-1, keepdims=True))
+
+
+def log_softmax(x: Array) -> Array:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def log_softmax_backward(out: Array, grad: Array) -> Array:
+    return grad - np.exp(out) * grad.sum(axis=-1, keepdims=True)
+
+
+def cross_entropy(logits: Array, targets: Array, ignore_index: int):
+    """logits (N, V), targets (N,) int64 -> losses (N,) (0 where ignored), lse (N,) logsumexp per row."""
+    m = logits.max(axis=-1)
+    lse = m + np.log(np.exp(logits - m[:, None]).sum(axis=-1))
+    valid = targets != ignore_index
+    safe = np.where(valid, targets, 0)
+    picked = np.take_along_axis(logits, safe[:, None], axis=1)[:, 0]
+    losses = np.where(valid, lse - picked, 0).astype(logits.dtype)
+    return losses, lse
+
+
+def cross_entropy_backward(logits: Array, targets: Array, lse: Array, grad: Array, ignore_index: int) -> Array:
+    """grad (N,) of each row's loss -> dlogits (N, V) = (softmax - onehot) * grad (0 where ignored)."""
+    valid = targets != ignore_index
+    g = np.where(valid, grad, 0).astype(logits.dtype)
+    dlogits = np.exp(logits - lse[:, None])
+    dlogits[np.arange(len(targets)), np.where(valid, targets, 0)] -= 1.0
+    dlogits *= g[:, None]
+    return dlogits
+
+
+def cross_entropy_with_grad_(logits: Array, targets: Array, ignore_index: int) -> Array:
+    """logits (N, V), targets (N,) int64 -> losses (N,) (0 where ignored); the logits are overwritten in
+    place by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows). The fused
+    classifier's step: its (N, V) buffer holds the logits, then their gradient, never both."""
+    losses, lse = cross_entropy(logits, targets, ignore_index)
+    valid = targets != ignore_index
+    logits -= lse[:, None]
+    np.exp(logits, out=logits)
+    logits[np.flatnonzero(valid), targets[valid]] -= 1.0
+    logits[~valid] = 0.0
+    return losses
+
+
+def embedding(weight: Array, idx: Array) -> Array:
+    """weight (V, C), idx (...) int64 -> (..., C)."""
+    return weight[idx]
+
+
+def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array:
+    """grad (..., C) -> dweight (V, C), rows scatter-added (a token seen twice gets both gradients)."""
+    C = grad.shape[-1]
+    out = np.zeros((num_embeddings, C), dtype=grad.dtype)
+    np.add.at(out, idx.reshape(-1), grad.reshape(-1, C))
+    return out

@@ -1,0 +1,172 @@
+"""Neural-network primitives of the CUDA backend: layer norm (with the residual add), softmax,
+cross-entropy (with its in-place gradient), embedding."""
+from __future__ import annotations
+
+from ...dtypes import bfloat16, float32, int64
+from ..._native import native
+from .arrays import _CODE, CudaArray, _check_float32, _empty, _same_device
+from .creation import astype
+from .elementwise import binary
+
+
+def layer_norm(x: CudaArray, weight, bias, eps: float):
+    """x (..., C) -> out (..., C), mean (...,), rstd (...,); weight, bias (C,) or None."""
+    _check_float32("layer_norm", weight, bias)
+    if x.dtype not in (float32, bfloat16):
+        raise TypeError(f"cuda backend: layer_norm supports float32 and bfloat16 inputs, got {x.dtype.name}")
+    C = x.shape[-1]
+    N = x.size // C if C else 0
+    out = _empty(x.shape, x.dtype, x.device)  # bf16 in, bf16 out; statistics and weights in float32
+    mean = _empty(x.shape[:-1], float32, x.device)
+    rstd = _empty(x.shape[:-1], float32, x.device)
+    native.layernorm_forward_dt(x.device, _CODE[x.dtype], out.ptr, mean.ptr, rstd.ptr, x.ptr,
+                            weight.ptr if weight is not None else 0, bias.ptr if bias is not None else 0, N, C,
+                            float(eps))
+    return out, mean, rstd
+
+
+def add_layer_norm(x: CudaArray, residual: CudaArray, weight, bias, eps: float):
+    """s = x + residual (..., C) and layer_norm(s) -> s, out, mean, rstd, in one kernel (the sum rounded
+    to x's dtype before the statistics, as the two ops would); inputs of two dtypes or shapes take the
+    add and the layer norm."""
+    _check_float32("layer_norm", weight, bias)
+    if x.dtype in (float32, bfloat16) and residual.dtype is x.dtype and residual.shape == x.shape:
+        C = x.shape[-1]
+        N = x.size // C if C else 0
+        s, out = _empty(x.shape, x.dtype, x.device), _empty(x.shape, x.dtype, x.device)
+        mean, rstd = _empty(x.shape[:-1], float32, x.device), _empty(x.shape[:-1], float32, x.device)
+        native.layernorm_add_forward_dt(x.device, _CODE[x.dtype], out.ptr, s.ptr, mean.ptr, rstd.ptr, x.ptr, residual.ptr,
+                                    weight.ptr if weight is not None else 0, bias.ptr if bias is not None else 0, N, C,
+                                    float(eps))
+        return s, out, mean, rstd
+    s = binary("add", x, residual)
+    return (s,) + layer_norm(s, weight, bias, eps)
+
+
+def layer_norm_backward(grad: CudaArray, x: CudaArray, weight, mean: CudaArray, rstd: CudaArray,
+                        need_weight_grads: bool = True, residual_grad=None):
+    """grad (..., C) -> dx (..., C), dweight (C,) or None, dbias (C,) or None. With residual_grad (..., C),
+    dx + residual_grad (x is a residual stream that also went on unnormalised), added inside the kernel."""
+    _check_float32("layer_norm_backward", weight)
+    if grad.dtype is not x.dtype:
+        grad = astype(grad, x.dtype)
+    C = x.shape[-1]
+    N = x.size // C if C else 0
+    dx = _empty(x.shape, x.dtype, x.device)
+    dweight = dbias = None
+    if need_weight_grads:
+        dweight = _empty((C,), float32, x.device) if weight is not None else None
+        dbias = _empty((C,), float32, x.device)
+    res = None
+    if residual_grad is not None:  # (..., C) as x
+        res = residual_grad if residual_grad.dtype is x.dtype else astype(residual_grad, x.dtype)
+    native.layernorm_backward_dt(x.device, _CODE[x.dtype], dx.ptr, dweight.ptr if dweight is not None else 0,
+                             dbias.ptr if dbias is not None else 0, grad.ptr, x.ptr,
+                             weight.ptr if weight is not None else 0, mean.ptr, rstd.ptr, N, C,
+                             res.ptr if res is not None else 0)
+    return dx, dweight, dbias
+
+
+def _softmax(x: CudaArray, log: bool) -> CudaArray:
+    if x.dtype is bfloat16:  # statistics in float32
+        return astype(_softmax(astype(x, float32), log), bfloat16)
+    _check_float32("log_softmax" if log else "softmax", x)
+    L = x.shape[-1] if x.ndim else 1
+    out = _empty(x.shape, float32, x.device)
+    native.softmax_forward(x.device, out.ptr, x.ptr, x.size // L if L else 0, L, log)
+    return out
+
+
+def _softmax_backward(out: CudaArray, grad: CudaArray, log: bool) -> CudaArray:
+    if out.dtype is bfloat16:
+        return astype(_softmax_backward(astype(out, float32), astype(grad, float32), log), bfloat16)
+    _check_float32("softmax_backward", out, grad)
+    L = out.shape[-1] if out.ndim else 1
+    dx = _empty(out.shape, float32, out.device)
+    native.softmax_backward(out.device, dx.ptr, out.ptr, grad.ptr, out.size // L if L else 0, L, log)
+    return dx
+
+
+def softmax(x: CudaArray) -> CudaArray:
+    """Softmax over the last axis."""
+    return _softmax(x, False)
+
+
+def softmax_backward(out: CudaArray, grad: CudaArray) -> CudaArray:
+    return _softmax_backward(out, grad, False)
+
+
+def log_softmax(x: CudaArray) -> CudaArray:
+    return _softmax(x, True)
+
+
+def log_softmax_backward(out: CudaArray, grad: CudaArray) -> CudaArray:
+    return _softmax_backward(out, grad, True)
+
+
+def cross_entropy(logits: CudaArray, targets: CudaArray, ignore_index: int):
+    """logits (N, V), targets (N,) int64 -> losses (N,) (0 where ignored), lse (N,).
+    An out-of-range target gives a NaN loss (checking would need a host sync)."""
+    if logits.dtype not in (float32, bfloat16):
+        raise TypeError(f"cuda backend: cross_entropy supports float32 and bfloat16 logits, got {logits.dtype.name}")
+    if targets.dtype is not int64:
+        targets = astype(targets, int64)
+    N, V = logits.shape
+    losses = _empty((N,), float32, logits.device)  # float32 losses and statistics, also for bf16 logits
+    lse = _empty((N,), float32, logits.device)
+    native.cross_entropy_forward_dt(logits.device, _CODE[logits.dtype], losses.ptr, lse.ptr, logits.ptr, targets.ptr, N, V,
+                                int(ignore_index))
+    return losses, lse
+
+
+def cross_entropy_backward(logits: CudaArray, targets: CudaArray, lse: CudaArray, grad: CudaArray,
+                           ignore_index: int) -> CudaArray:
+    """grad (N,) -> dlogits (N, V) = (softmax - onehot) * grad (0 where ignored)."""
+    _check_float32("cross_entropy_backward", grad)
+    if targets.dtype is not int64:
+        targets = astype(targets, int64)
+    N, V = logits.shape
+    d = _empty((N, V), logits.dtype, logits.device)  # the logits' dtype (bf16 under autocast)
+    native.cross_entropy_backward_dt(logits.device, _CODE[logits.dtype], d.ptr, logits.ptr, targets.ptr, lse.ptr,
+                                 grad.ptr, N, V, int(ignore_index))
+    return d
+
+
+def cross_entropy_with_grad_(logits: CudaArray, targets: CudaArray, ignore_index: int) -> CudaArray:
+    """logits (N, V), targets (N,) int64 -> losses (N,) float32 (0 where ignored); the logits are
+    overwritten in place by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows).
+    One kernel (the fused classifier's). An out-of-range target gives a NaN loss."""
+    if logits.dtype not in (float32, bfloat16):
+        raise TypeError(f"cuda backend: cross_entropy_with_grad_ supports float32 and bfloat16 logits, "
+                        f"got {logits.dtype.name}")
+    if targets.dtype is not int64:
+        targets = astype(targets, int64)
+    N, V = logits.shape
+    losses = _empty((N,), float32, logits.device)
+    native.cross_entropy_with_grad_dt(logits.device, _CODE[logits.dtype], losses.ptr, logits.ptr, targets.ptr, N, V,
+                                  int(ignore_index))
+    return losses
+
+
+def embedding(weight: CudaArray, idx: CudaArray) -> CudaArray:
+    """weight (V, C), idx (...) int64 -> (..., C). An out-of-range index gives a NaN row."""
+    _same_device("embedding", weight, idx)
+    if idx.dtype is not int64:
+        idx = astype(idx, int64)
+    V, C = weight.shape
+    out = _empty(idx.shape + (C,), weight.dtype, weight.device)
+    native.embedding_forward(weight.device, _CODE[weight.dtype], out.ptr, weight.ptr, idx.ptr, idx.size, V, C)
+    return out
+
+
+def embedding_backward(grad: CudaArray, idx: CudaArray, num_embeddings: int) -> CudaArray:
+    """grad (..., C) -> dweight (V, C), rows scatter-added."""
+    if grad.dtype is bfloat16:
+        grad = astype(grad, float32)
+    _check_float32("embedding_backward", grad)
+    if idx.dtype is not int64:
+        idx = astype(idx, int64)
+    C = grad.shape[-1]
+    out = _empty((num_embeddings, C), float32, grad.device)
+    native.embedding_backward(grad.device, out.ptr, grad.ptr, idx.ptr, idx.size, num_embeddings, C)
+    return out
