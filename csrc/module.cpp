@@ -1,5 +1,6 @@
 // engine._C: the extension module. Always built (C++ only: build_info); the CUDA backend's
-// bindings are added by bind_cuda() when CMake found nvcc and cuBLASLt (ENGINE_WITH_CUDA).
+// bindings are added by bind_cuda() (cuda/registry.cpp) when CMake found nvcc and cuBLASLt
+// (ENGINE_WITH_CUDA). csrc/README.md is the map of csrc/.
 #include <pybind11/pybind11.h>
 
 #include "build_info.h"

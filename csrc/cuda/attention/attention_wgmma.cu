@@ -1,0 +1,403 @@
+// bf16 fused attention on Hopper's warpgroup MMA (wgmma, sm_90a), head dim 64, forward and backward:
+// attention.cu's first choice for bf16 without dropout, before attention_mma.cu's mma.sync kernels.
+//
+// A block of two warpgroups owns 128 queries, 64 per warpgroup. K and V tiles of BN keys are
+// double-buffered in shared memory (cp.async into the 128-byte swizzled layout of wgmma.cuh), and
+// the tensor cores read them from there, with no ldmatrix and no register copies of the operands:
+//   S (64 x BN) = Q K^T      Q and K as K-major tiles;
+//   O (64 x 64) += P V       P in registers (S's accumulator re-packed as bf16: an m64nN accumulator
+//                            has the layout of the next wgmma's A operand), V as an N-major tile.
+// The online softmax in between is attention_mma.cu's, on the same fragment layout.
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
+#include "attention/attention_tiles.cuh"
+#include "attention/attention_wgmma.h"
+#include "runtime/common.cuh"
+#include "runtime/runtime.h"
+#include "attention/wgmma.cuh"
+
+namespace engine {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using namespace attn;
+constexpr int D = 64;                   // a row of Q, K or V is 128 bytes: one swizzle atom
+constexpr int BM = 128, kThreads = 256;  // two warpgroups of 64 queries
+// Keys per K/V tile of the forward. 128 measured slower on gpt2_124m (0.160 against 0.138 ms a
+// layer): 188 registers leave one block per SM.
+constexpr int BN = 64;
+
+// rows [row0, row0 + R) of a (b, h) slice -> the swizzled (R, 64) tile at shared address dst;
+// rows >= nrows are zero
+template <int R, int NT = kThreads>
+__device__ __forceinline__ void load_tile(uint32_t dst, const bf16* src, int64_t st, int row0, int nrows) {
+    for (int i = threadIdx.x; i < R * 8; i += NT) {
+        const int r = i >> 3, c = i & 7, row = row0 + r;
+        const bool ok = row < nrows;
+        cp_async16(dst + wgmma::swizzled(r, c), src + (int64_t)(ok ? row : 0) * st + c * 8, ok);
+    }
+}
+
+// 2^x on the SFU (ex2.approx.ftz: flushes denormal results to 0, which the softmax never needs)
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Scores outside the mask -> -inf: keys >= S and, if causal, keys after the query (aligned bottom-
+// right: key <= query + off). Fragment layout: s[j][e] is (row[e / 2], key k0 + 8 j + 2 t + e % 2).
+template <int N>
+__device__ __forceinline__ void mask_scores(float (&s)[N][4], int k0, int S, bool causal, const int (&row)[2], int off,
+                                            int t) {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = k0 + j * 8 + 2 * t + (e & 1);
+            if (col >= S || (causal && col > row[e >> 1] + off)) s[j][e] = -INFINITY;
+        }
+}
+
+// One tile's step of the online softmax in the log2 domain, on S (64 x BN) in registers: mask (unless
+// `full`), update the running max m (scaled) and sum l of rows g and g + 8, and leave
+// P = 2^(S scale2 - m) in s. Returns in alpha the factor that rescales the rows of the output so far.
+template <int N>
+__device__ __forceinline__ void softmax_step(float (&s)[N][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             bool full, int k0, int S, bool causal, const int (&row)[2], int off,
+                                             int t, float scale2) {
+    if (!full) mask_scores(s, k0, S, causal, row, off, t);
+    float mx[2] = {-INFINITY, -INFINITY}, m_use[2];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // each row's columns are spread over the 4 lanes of a quad
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m[r], mx[r] * scale2);
+        m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with no visible key yet: every p is 0
+        alpha[r] = ex2(m[r] - m_use[r]);
+        m[r] = m_new;
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[j][e] = ex2(fmaf(s[j][e], scale2, -m_use[e >> 1]));
+            l[e >> 1] += s[j][e];  // this lane's share of the row sum; the quad is summed at the end
+        }
+}
+
+// grid ceil(T / 128) * B * H (attn::tile_order, heaviest first). Per warpgroup, iteration j issues
+// S_{j+1} = Q K_{j+1}^T and then O += P_j V_j, and runs the softmax of S_{j+1} while P_j V_j is on the
+// tensor cores (FlashAttention-3's overlap inside a warpgroup). K/V tiles sit in a ring of three
+// buffers: K_{j+1} and V_j are read while tile j + 2 loads.
+__global__ void __launch_bounds__(kThreads, 2)
+    fwd_kernel(bf16* __restrict__ o, float* __restrict__ lse, const bf16* __restrict__ q, const bf16* __restrict__ k,
+               const bf16* __restrict__ v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int H, int Tq,
+               int S, bool causal, float scale2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    constexpr uint32_t kKV = BN * 128;  // bytes of a swizzled (BN, 64) tile
+    const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;  // Q (BM, 64); K, V [3](BN, 64), swizzled
+    const uint32_t sK = sQ + BM * 128, sV = sK + 3 * kKV;
+    // the warpgroup's index through a shuffle, so that the compiler sees it (and the branches around
+    // the wgmma on it) as uniform over the warp; else it serialises every wgmma (ptxas C7520)
+    const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const QuerySlice qs = query_slice<BM>(q, k, v, lq, lk, lv, H, Tq, S);
+    const int bh = qs.bh, b = qs.b, h = qs.h, q0 = qs.q0, off = qs.off;
+    const int wq0 = q0 + wg * 64;  // this warpgroup's first query
+    const bf16 *qb = qs.q, *kb = qs.k, *vb = qs.v;
+    const int kv_end = causal ? max(0, min(S, min(q0 + BM, Tq) + off)) : S;
+    const int ntiles = (kv_end + BN - 1) / BN;
+    // tiles this warpgroup sees (under a causal mask the first warpgroup may see one fewer)
+    const int wg_tiles = causal ? (max(0, min(S, min(wq0 + 64, Tq) + off)) + BN - 1) / BN : ntiles;
+    auto load_kv = [&](int tile) {
+        load_tile<BN>(sK + tile % 3 * kKV, kb, lk.st, tile * BN, S);
+        load_tile<BN>(sV + tile % 3 * kKV, vb, lv.st, tile * BN, S);
+    };
+    auto is_full = [&](int tile) {  // wholly inside the visible region for every row of the warpgroup
+        return (tile + 1) * BN <= S && (!causal || (tile + 1) * BN - 1 <= wq0 + off);
+    };
+    auto issue_s = [&](float (&s)[BN / 8][4], int tile, uint64_t desc_q) {  // S = Q_wg K_tile^T, 4 k-steps
+        const uint64_t desc_k = wgmma::desc(sK + tile % 3 * kKV);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) wgmma::mma_ss(s, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
+        wgmma::commit();
+    };
+
+    float acc[D / 8][4];
+    float s[BN / 8][4];
+    uint32_t pa[BN / 16][4];
+    zero(acc);
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];  // rows g, g + 8
+    const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
+    const uint64_t desc_q = wgmma::desc(sQ + wg * 64 * 128);
+
+    load_tile<BM>(sQ, qb, lq.st, q0, Tq);
+    if (ntiles > 0) load_kv(0);
+    cp_async_commit();
+    cp_async_wait<0>();
+    wgmma::fence_smem();
+    __syncthreads();
+    if (ntiles > 1) load_kv(1);
+    cp_async_commit();
+    if (wg_tiles > 0) {  // S_0 and its softmax
+        wgmma::fence();
+        issue_s(s, 0, desc_q);
+        wgmma::wait<0>();
+        wgmma::hold(s);
+        softmax_step(s, m, l, alpha, is_full(0), 0, S, causal, row, off, t, scale2);
+        to_a_frags(pa, s);
+    }
+    // O += P_it V_it; with `next` (a compile-time flag: no wgmma sits in a branch), also S_{it+1} and its
+    // softmax, run while P V is on the tensor cores
+    auto step = [&](int it, auto next) {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {  // the previous tiles' output, rescaled to this tile's max
+            acc[j][0] *= alpha[0];
+            acc[j][1] *= alpha[0];
+            acc[j][2] *= alpha[1];
+            acc[j][3] *= alpha[1];
+        }
+        wgmma::hold(acc);  // the rescale stays before the fence
+        wgmma::fence();
+        if constexpr (next) issue_s(s, it + 1, desc_q);
+        // O_wg (64 x 64) += P (64 x BN) V (BN x 64), k-steps of 16 keys (16 rows of V: 2048 bytes)
+        const uint64_t desc_v = wgmma::desc(sV + it % 3 * kKV);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma::mma_rs_n_major(acc, pa[kk], desc_v + 128 * kk);
+        wgmma::commit();
+        if constexpr (next) {
+            wgmma::wait<1>();
+            wgmma::hold(s);
+            softmax_step(s, m, l, alpha, is_full(it + 1), (it + 1) * BN, S, causal, row, off, t, scale2);
+        }
+        wgmma::wait<0>();
+        wgmma::hold(acc);
+        wgmma::hold(pa);
+        if constexpr (next) to_a_frags(pa, s);
+    };
+    for (int it = 0; it < ntiles; ++it) {
+        if (it + 1 < ntiles) {  // tile it + 1 is in; every warpgroup is done with tile it - 1's buffers
+            cp_async_wait<0>();
+            wgmma::fence_smem();
+            __syncthreads();
+            if (it + 2 < ntiles) load_kv(it + 2);
+            cp_async_commit();
+        }
+        if (it + 1 < wg_tiles) step(it, std::true_type{});  // branches uniform over the warpgroup
+        else if (it < wg_tiles) step(it, std::false_type{});
+    }
+    cp_async_wait<0>();
+    store_output<D>(o + b * lo.sb + h * lo.sh, lo.st, lse + (int64_t)bh * Tq, acc, l, m, row, Tq, t);
+#else
+    __trap();  // built without sm_90a: attention_forward_wgmma never launches this
+#endif
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+// One warpgroup owns 64 keys (BK): K and V stay in shared memory, dK and dV accumulate in registers,
+// and it walks the query tiles of 64 that see those keys (Q, dO, lse, delta double-buffered):
+//   S^T (keys x queries) = K Q^T       dP^T = V dO^T          K, V, Q, dO as K-major tiles
+//   P^T = exp(S^T scale - lse)         dS^T = P^T (dP^T - delta)     in registers
+//   dV += P^T dO                       dK += dS^T Q           P^T, dS^T as A in registers; dO, Q N-major
+//   dQ (queries x 64) = dS K           dS^T through shared memory as an M-major A, K as an N-major B,
+//                                      added into dq_acc (float32) with atomics
+// attention.cu prepares delta = rowsum(dO * O) and turns dq_acc into dq (with the scale).
+constexpr int BK = 64, BRB = 64, kThreadsB = 128;
+
+// grid ceil(S / 64) * B * H (attn::tile_order, heaviest first)
+__global__ void __launch_bounds__(kThreadsB)
+    bwd_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc, const bf16* __restrict__ dout,
+               const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
+               const float* __restrict__ lse, const float* __restrict__ delta, AttnLayout lq, AttnLayout lk,
+               AttnLayout lv, AttnLayout lo, int H, int Tq, int S, bool causal, float scale, float scale2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ unsigned char smem_raw[];
+    constexpr uint32_t kTile = 64 * 128;  // a swizzled (64, 64) bf16 tile
+    const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + kTile;
+    const uint32_t sQ2 = sV + kTile, sdO2 = sQ2 + 2 * kTile, sdS = sdO2 + 2 * kTile;  // Q, dO [2]; dS^T (keys, queries)
+    float* sLse2 = reinterpret_cast<float*>(smem_raw + (sdS + kTile - smem_addr(smem_raw)));  // [2][BRB]
+    float* sDelta2 = sLse2 + 2 * BRB;
+    unsigned char* sdS_ptr = smem_raw + (sdS - smem_addr(smem_raw));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const KeySlice ks = key_slice<BK, BRB>(q, dout, lse, delta, dq_acc, lq, lo, H, Tq, S, D, causal);
+    const int b = ks.b, h = ks.h, k0 = ks.k0, off = ks.off, i_begin = ks.i_begin;
+
+    // the query tile at i0 (its rows of Q, dO, lse, delta) into buffer `buf`
+    auto load_query_tile = [&](int i0, int buf) {
+        load_tile<BRB, kThreadsB>(sQ2 + buf * kTile, ks.q, lq.st, i0, Tq);
+        load_tile<BRB, kThreadsB>(sdO2 + buf * kTile, ks.dout, lo.st, i0, Tq);
+        stage_lse_delta<BRB, kThreadsB>(sLse2 + buf * BRB, sDelta2 + buf * BRB, ks.lse, ks.delta, i0, Tq);
+    };
+
+    load_tile<BK, kThreadsB>(sK, k + b * lk.sb + h * lk.sh, lk.st, k0, S);
+    load_tile<BK, kThreadsB>(sV, v + b * lv.sb + h * lv.sh, lv.st, k0, S);
+    if (i_begin < Tq) load_query_tile(i_begin, 0);
+    cp_async_commit();
+
+    float dk_acc[D / 8][4], dv_acc[D / 8][4];
+    zero(dk_acc);
+    zero(dv_acc);
+    const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+    const uint64_t desc_k = wgmma::desc(sK), desc_v = wgmma::desc(sV), desc_ds = wgmma::desc(sdS);
+
+    for (int i0 = i_begin, it = 0; i0 < Tq; i0 += BRB, ++it) {
+        const int buf = it & 1;
+        if (i0 + BRB < Tq) load_query_tile(i0 + BRB, buf ^ 1);  // prefetch (that buffer was freed last iteration)
+        cp_async_commit();
+        cp_async_wait<1>();
+        wgmma::fence_smem();
+        __syncthreads();
+        const uint64_t desc_q = wgmma::desc(sQ2 + buf * kTile), desc_do = wgmma::desc(sdO2 + buf * kTile);
+        const float* sLse = sLse2 + buf * BRB;
+        const float* sDelta = sDelta2 + buf * BRB;
+        // S^T = K Q^T, dP^T = V dO^T (64 keys x 64 queries each)
+        float st[8][4], dpt[8][4];
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) wgmma::mma_ss(st, desc_k + 2 * kk, desc_q + 2 * kk, kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) wgmma::mma_ss(dpt, desc_v + 2 * kk, desc_do + 2 * kk, kk > 0);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::hold(st);
+        wgmma::hold(dpt);
+        // P^T = 2^(S^T scale2 - lse2), dS^T = P^T (dP^T - delta); dS^T also to shared memory (swizzled
+        // (keys, queries)) for dQ. Queries past Tq have lse2 = +inf, so P = 0; tiles wholly inside the
+        // visible region skip the mask.
+        const bool full = k0 + BK <= S && (!causal || k0 + BK - 1 <= i0 + off);
+        uint32_t pa[4][4], dsa[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const float2 lse2 = *reinterpret_cast<const float2*>(sLse + j * 8 + 2 * t);  // columns j * 8 + 2 t, + 1
+            const float2 delta2 = *reinterpret_cast<const float2*>(sDelta + j * 8 + 2 * t);
+            float p[4], ds[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                p[e] = ex2(fmaf(st[j][e], scale2, -(e & 1 ? lse2.y : lse2.x)));
+                if (!full) {
+                    const int qi = i0 + j * 8 + 2 * t + (e & 1), kr = key[e >> 1];
+                    if (kr >= S || (causal && kr > qi + off)) p[e] = 0.f;
+                }
+                ds[e] = p[e] * (dpt[j][e] - (e & 1 ? delta2.y : delta2.x));
+            }
+            pa[j >> 1][(j & 1) * 2] = pack_bf16(p[0], p[1]);
+            pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p[2], p[3]);
+            dsa[j >> 1][(j & 1) * 2] = pack_bf16(ds[0], ds[1]);
+            dsa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
+            const int r0 = warp * 16 + g;  // rows r0 and r0 + 8 of dS^T; columns j * 8 + 2 t, + 1
+            *reinterpret_cast<uint32_t*>(sdS_ptr + wgmma::swizzled(r0, j) + 4 * t) = dsa[j >> 1][(j & 1) * 2];
+            *reinterpret_cast<uint32_t*>(sdS_ptr + wgmma::swizzled(r0 + 8, j) + 4 * t) = dsa[j >> 1][(j & 1) * 2 + 1];
+        }
+        // dV += P^T dO;  dK += dS^T Q  (scale applied at the end); k-steps of 16 queries
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < BRB / 16; ++kk) wgmma::mma_rs_n_major(dv_acc, pa[kk], desc_do + 128 * kk);
+#pragma unroll
+        for (int kk = 0; kk < BRB / 16; ++kk) wgmma::mma_rs_n_major(dk_acc, dsa[kk], desc_q + 128 * kk);
+        wgmma::commit();
+        wgmma::fence_smem();  // dS^T's stores, before the block's wgmma reads them
+        __syncthreads();
+        // dQ (64 queries x 64) = dS (queries x keys, read M-major out of dS^T) K (keys x 64, N-major)
+        float dq[8][4];
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+            wgmma::mma_ss<1, 1>(dq, desc_ds + 128 * kk, desc_k + 128 * kk, kk > 0);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::hold(dq);
+        wgmma::hold(dv_acc);
+        wgmma::hold(dk_acc);
+        wgmma::hold(pa);
+        wgmma::hold(dsa);
+        add_dq(ks.dq, D, dq, i0 + warp * 16, 0, Tq, g, t);
+        __syncthreads();  // this buffer and dS^T are refilled next
+    }
+    cp_async_wait<0>();
+    store_key_grads<D>(dk + b * lk.sb + h * lk.sh, lk.st, dv + b * lv.sb + h * lv.sh, lv.st, dk_acc, dv_acc, key, S, t,
+                       scale);
+#else
+    __trap();  // built without sm_90a: attention_backward_wgmma never launches this
+#endif
+}
+
+void forward(cudaStream_t st, void* o, float* lse, const void* q, const void* k, const void* v, AttnLayout lq,
+                AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
+    const int bytes = (BM + 6 * BN) * 128 + 1024;  // Q, K and V [3]; + slack to align the tiles to 1024 bytes
+    check(cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention");
+    const unsigned grid = (unsigned)(ceil_div(T, BM) * B * H);
+    fwd_kernel<<<grid, kThreads, bytes, st>>>((bf16*)o, lse, (const bf16*)q, (const bf16*)k, (const bf16*)v, lq, lk,
+                                              lv, lo, H, T, S, causal, scale * kLog2e);
+}
+
+void backward(cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout, const void* q, const void* k,
+              const void* v, const float* lse, const float* delta, AttnLayout lq, AttnLayout lk, AttnLayout lv,
+              AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
+    const int bytes = 7 * 64 * 128 + 4 * BRB * 4 + 1024;  // K, V, Q[2], dO[2], dS^T; lse, delta [2]; alignment
+    check(cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
+    const unsigned grid = (unsigned)(ceil_div(S, BK) * B * H);
+    bwd_kernel<<<grid, kThreadsB, bytes, st>>>((bf16*)dk, (bf16*)dv, dq_acc, (const bf16*)dout, (const bf16*)q,
+                                               (const bf16*)k, (const bf16*)v, lse, delta, lq, lk, lv, lo, H, T, S,
+                                               causal, scale, scale * kLog2e);
+}
+
+bool g_forward = true, g_backward = true;  // false turns a direction's Hopper kernel off
+
+bool usable(int device, int D_) {
+    return attention_wgmma_built() && D_ == D && compute_capability(device) == 90;
+}
+
+}  // namespace
+
+bool attention_wgmma_built() {
+#if defined(ENGINE_WGMMA)
+    return true;
+#else
+    return false;
+#endif
+}
+
+bool attention_wgmma_forward(bool enabled) {
+    const bool prev = g_forward;
+    g_forward = enabled;
+    return prev;
+}
+
+bool attention_wgmma_backward(bool enabled) {
+    const bool prev = g_backward;
+    g_backward = enabled;
+    return prev;
+}
+
+bool attention_forward_wgmma(int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
+                             const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
+                             int T, int S, int D_, bool causal, float scale) {
+    if (!g_forward || !usable(device, D_) || !aligned16(q, lq) || !aligned16(k, lk) || !aligned16(v, lv) || lo.st % 2 != 0)
+        return false;
+    forward(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
+    return true;
+}
+
+bool attention_backward_wgmma(int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
+                              const void* q, const void* k, const void* v, const float* lse, const float* delta,
+                              AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
+                              int D_, bool causal, float scale) {
+    if (!g_backward || !usable(device, D_) || !aligned16(q, lq) || !aligned16(k, lk) || !aligned16(v, lv) ||
+        !aligned16(dout, lo))
+        return false;
+    backward(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale);
+    return true;
+}
+
+}  // namespace engine

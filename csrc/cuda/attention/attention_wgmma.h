@@ -1,0 +1,32 @@
+// attention_wgmma.cu: bf16 attention on Hopper's wgmma, head dim 64, forward and backward. attention.cu
+// calls these first for bf16 without dropout; false means "not here" (not built for sm_90a, not a
+// compute capability 9.0 GPU, another head dim, unaligned rows, or turned off), and the caller goes
+// on to attention_mma.cu's kernels.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "attention/attention.h"
+
+namespace engine {
+
+// whether this build has the kernel (ENGINE_CUDA_ARCHS with 90a)
+bool attention_wgmma_built();
+
+// whether the forward / the backward may run here (default true; false for tests and benchmarks, which
+// then get attention_mma.cu's kernels); each returns the previous setting
+bool attention_wgmma_forward(bool enabled);
+bool attention_wgmma_backward(bool enabled);
+
+// q (B, H, T, 64), k, v (B, H, S, 64) bf16 -> o (bf16), lse (B * H, T) float32, as attention_forward
+bool attention_forward_wgmma(int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
+                             const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
+                             int T, int S, int D, bool causal, float scale);
+
+// the backward's main pass, as attention_backward_mma: dk, dv (bf16) and dq_acc (float32, added to,
+// without the scale) from delta = rowsum(dout * o)
+bool attention_backward_wgmma(int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
+                              const void* q, const void* k, const void* v, const float* lse, const float* delta,
+                              AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
+                              int D, bool causal, float scale);
+
+}  // namespace engine

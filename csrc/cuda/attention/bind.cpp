@@ -1,0 +1,53 @@
+// Python bindings of attention/ (fused attention, its dropout mask and key, the Hopper kernels'
+// switches): one m.def per launcher of attention/attention.h and attention/attention_wgmma.h, after
+// the binding rule of csrc/README.md. Layouts come as (batch, head, time) stride lists.
+#include <stdexcept>
+#include <vector>
+
+#include "attention/attention.h"
+#include "attention/attention_wgmma.h"
+#include "runtime/bind_args.h"
+
+namespace engine {
+namespace {
+
+AttnLayout L(const std::vector<int64_t>& s) {
+    if (s.size() != 3) throw std::runtime_error("attention: a layout is (batch, head, time) strides");
+    return AttnLayout{s[0], s[1], s[2]};
+}
+
+}  // namespace
+
+void bind_attention(py::module_& m) {
+    m.def("attention_wgmma_built", &attention_wgmma_built);
+    m.def("attention_wgmma_forward", &attention_wgmma_forward, py::arg("enabled"),
+          "whether the Hopper attention forward may run; returns the previous setting");
+    m.def("attention_wgmma_backward", &attention_wgmma_backward, py::arg("enabled"),
+          "whether the Hopper attention backward may run; returns the previous setting");
+    m.def("attention_forward", [](int device, int dtype, addr o, addr lse, addr q, addr k, addr v,
+                                  const std::vector<int64_t>& lq, const std::vector<int64_t>& lk,
+                                  const std::vector<int64_t>& lv, const std::vector<int64_t>& lo, int B, int H, int T,
+                                  int S, int D, bool causal, float scale, bool precise, float dropout_p,
+                                  uint64_t seed, addr rng_key) {
+        attention_forward(device, dtype, P(o), P<float>(lse), P(q), P(k), P(v), L(lq), L(lk), L(lv), L(lo), B, H, T, S,
+                          D, causal, scale, precise, dropout_p, seed, P<uint64_t>(rng_key));
+    });
+    m.def("attention_backward", [](int device, int dtype, addr dq, addr dk, addr dv, addr dout, addr q, addr k,
+                                   addr v, addr o, addr lse, const std::vector<int64_t>& lq,
+                                   const std::vector<int64_t>& lk, const std::vector<int64_t>& lv,
+                                   const std::vector<int64_t>& lo, int B, int H, int T, int S, int D, bool causal,
+                                   float scale, bool precise, float dropout_p, addr rng_key) {
+        attention_backward(device, dtype, P(dq), P(dk), P(dv), P(dout), P(q), P(k), P(v), P(o), P<const float>(lse),
+                           L(lq), L(lk), L(lv), L(lo), B, H, T, S, D, causal, scale, precise, dropout_p,
+                           P<const uint64_t>(rng_key));
+    });
+    m.def("attention_dropout_mask", [](int device, addr out, int64_t BH, int T, int S, float p, uint64_t seed,
+                                       addr rng_key) {
+        attention_dropout_mask(device, P<float>(out), BH, T, S, p, seed, P<const uint64_t>(rng_key));
+    });
+    m.def("attention_rng_key", [](int device, addr rng_key, uint64_t seed) {
+        attention_rng_key(device, P<uint64_t>(rng_key), seed);
+    });
+}
+
+}  // namespace engine

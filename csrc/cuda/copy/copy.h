@@ -1,0 +1,24 @@
+// copy/: moving and converting memory. copy.cu: the strided copy (permute, transpose, broadcast_to,
+// slicing, concat, split); cast.cu: dtype conversion (astype) and its float32 <-> bf16 vector form;
+// fill.cu: fill and arange. bind.cpp: the Python bindings. Launchers take device pointers, sizes and the
+// device index; work is queued on the device's one stream and never waited for.
+#pragma once
+#include <cstdint>
+
+#include "runtime/types.h"
+
+namespace engine {
+
+// copy.cu: out[idx] = x[idx] over `s` (stride[0] = dst strides, stride[1] = src strides), elsize bytes
+void strided_copy(int device, int elsize, void* dst, const void* src, const Strided& s, int64_t n);
+
+// cast.cu: out (n,) of dst_dtype = x (n,) of src_dtype
+void astype(int device, int src_dtype, int dst_dtype, void* out, const void* x, int64_t n);
+// float32 <-> bf16 cast, 8 per thread; false (nothing launched) unless n % 8 == 0 and 16-byte aligned
+bool cast_bf16_vec(int device, int src, int dst, void* out, const void* x, int64_t n);
+
+// fill.cu
+void fill(int device, int dtype, void* out, double value, int64_t n);
+void arange(int device, int dtype, void* out, double start, double step, int64_t n);
+
+}  // namespace engine

@@ -1,0 +1,67 @@
+// fill and arange: out (n,) = value | start + step * i, for every dtype (fill: 4 floats per thread
+// where aligned).
+#include "copy/copy.h"
+#include "runtime/common.cuh"
+#include "runtime/vec.cuh"
+
+namespace engine {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void fill_kernel(T* __restrict__ out, T v, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = v;
+}
+
+template <typename T>
+__global__ void arange_kernel(T* __restrict__ out, double start, double step, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = (T)(start + step * (double)i);
+}
+
+}  // namespace
+
+void fill(int device, int dtype, void* out, double v, int64_t n) {
+    if (n == 0) return;
+    use_device(device);
+    unsigned int grid = blocks_for(n, kThreads);
+    cudaStream_t st = stream(device);
+    switch (dtype) {
+        case F32:
+            if (aligned(out, 16) && n % 4 == 0) {
+                float f = (float)v;
+                fill_kernel<F4><<<blocks_for(n / 4, kThreads), kThreads, 0, st>>>((F4*)out, F4{{f, f, f, f}}, n / 4);
+            } else {
+                fill_kernel<float><<<grid, kThreads, 0, st>>>((float*)out, (float)v, n);
+            }
+            break;
+        case F64: fill_kernel<double><<<grid, kThreads, 0, st>>>((double*)out, v, n); break;
+        case F16: fill_kernel<__half><<<grid, kThreads, 0, st>>>((__half*)out, __float2half((float)v), n); break;
+        case BF16: fill_kernel<__nv_bfloat16><<<grid, kThreads, 0, st>>>((__nv_bfloat16*)out, __float2bfloat16((float)v), n); break;
+        case I64: fill_kernel<int64_t><<<grid, kThreads, 0, st>>>((int64_t*)out, (int64_t)v, n); break;
+        case I32: fill_kernel<int32_t><<<grid, kThreads, 0, st>>>((int32_t*)out, (int32_t)v, n); break;
+        case U8: fill_kernel<uint8_t><<<grid, kThreads, 0, st>>>((uint8_t*)out, (uint8_t)v, n); break;
+        case BOOL: fill_kernel<uint8_t><<<grid, kThreads, 0, st>>>((uint8_t*)out, (uint8_t)(v != 0), n); break;
+        default: unsupported("full", dtype);
+    }
+    check_launch("full");
+}
+
+void arange(int device, int dtype, void* out, double start, double step, int64_t n) {
+    if (n == 0) return;
+    use_device(device);
+    unsigned int grid = blocks_for(n, kThreads);
+    cudaStream_t st = stream(device);
+    switch (dtype) {
+        case F32: arange_kernel<float><<<grid, kThreads, 0, st>>>((float*)out, start, step, n); break;
+        case F64: arange_kernel<double><<<grid, kThreads, 0, st>>>((double*)out, start, step, n); break;
+        case I64: arange_kernel<int64_t><<<grid, kThreads, 0, st>>>((int64_t*)out, start, step, n); break;
+        case I32: arange_kernel<int32_t><<<grid, kThreads, 0, st>>>((int32_t*)out, start, step, n); break;
+        default: unsupported("arange", dtype);
+    }
+    check_launch("arange");
+}
+
+}  // namespace engine

@@ -1,0 +1,19 @@
+// Python bindings of embedding/ (embedding lookup and its backward): one m.def per launcher of
+// embedding/embedding.h, after the binding rule of csrc/README.md (device first, dtype code,
+// addresses as ints, sizes, options).
+#include "embedding/embedding.h"
+#include "runtime/bind_args.h"
+
+namespace engine {
+
+void bind_embedding(py::module_& m) {
+    m.def("embedding_forward", [](int device, int dtype, addr out, addr weight, addr idx, int64_t N, int64_t V,
+                                  int64_t C) {
+        embedding_forward(device, dtype, P(out), P(weight), P<const int64_t>(idx), N, V, C);
+    });
+    m.def("embedding_backward", [](int device, addr dweight, addr g, addr idx, int64_t N, int64_t V, int64_t C) {
+        embedding_backward(device, P<float>(dweight), P<const float>(g), P<const int64_t>(idx), N, V, C);
+    });
+}
+
+}  // namespace engine

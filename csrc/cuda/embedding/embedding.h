@@ -1,0 +1,17 @@
+// embedding/: embedding lookup and its backward. embedding.cu: kernels and launchers; bind.cpp: the
+// Python bindings. Launchers take device pointers, sizes and the device index; work is queued on the
+// device's one stream and never waited for.
+#pragma once
+#include <cstdint>
+
+#include "runtime/types.h"
+
+namespace engine {
+
+// weight (V, C), idx (N,) -> out (N, C); backward scatter-adds into dweight (V, C)
+void embedding_forward(int device, int dtype, void* out, const void* weight, const int64_t* idx, int64_t N,
+                       int64_t V, int64_t C);
+void embedding_backward(int device, float* dweight, const float* g, const int64_t* idx, int64_t N, int64_t V,
+                        int64_t C);
+
+}  // namespace engine

@@ -1,0 +1,456 @@
+// LayerNorm over the last axis, forward and backward (llm.c style: one warp per row).
+#include <algorithm>
+
+#include "copy/copy.h"  // fill
+#include "layernorm/layernorm.h"
+#include "runtime/common.cuh"
+
+namespace engine {
+namespace {
+
+__device__ __forceinline__ float ldf(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ldf(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void stf(float* p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void stf(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
+
+// x (N, C) -> out (N, C), mean (N,), rstd (N,); w, b (C,) or null. T: float or bf16 (statistics,
+// weights and arithmetic in float32). With res (N, C), the row normalised is x + res, rounded to T as
+// the add alone would, and written to sum: the residual stream of a pre-LN transformer, in one pass.
+template <typename T>
+__global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                                         const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum,
+                                         const float* __restrict__ w, const float* __restrict__ b, int64_t N, int C,
+                                         float eps) {
+    int lane = threadIdx.x & 31;
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const T* xr = x + row * C;
+    if (res) {  // each lane reads back only the columns it wrote
+        for (int c = lane; c < C; c += 32) stf(sum + row * C, c, ldf(xr, c) + ldf(res + row * C, c));
+        xr = sum + row * C;
+    }
+    float s = 0.f;
+    for (int c = lane; c < C; c += 32) s += ldf(xr, c);
+    float m = warp_sum(s) / C;
+    float v = 0.f;
+    for (int c = lane; c < C; c += 32) {
+        float d = ldf(xr, c) - m;
+        v += d * d;
+    }
+    float r = rsqrtf(warp_sum(v) / C + eps);
+    T* o = out + row * C;
+    for (int c = lane; c < C; c += 32) {
+        float y = (ldf(xr, c) - m) * r;
+        if (w) y *= w[c];
+        if (b) y += b[c];
+        stf(o, c, y);
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+// v (W,) = p[at .. at + W) (16-byte aligned, W % 4 == 0), or `fill` where p is null
+template <int W>
+__device__ __forceinline__ void load_floats(float (&v)[W], const float* __restrict__ p, int at, float fill) {
+#pragma unroll
+    for (int k = 0; k < W; k += 4) {
+        float4 q = p ? *reinterpret_cast<const float4*>(p + at + k) : make_float4(fill, fill, fill, fill);
+        v[k] = q.x, v[k + 1] = q.y, v[k + 2] = q.z, v[k + 3] = q.w;
+    }
+}
+
+// The same with 16-byte accesses and the row in registers (one read of x, one write of out): lane l
+// owns chunks l, l + 32, ... (at most CH) of kVec<T> adjacent columns. C % kVec<T> == 0, rows 16-byte
+// aligned. res and sum as in layernorm_forward_kernel.
+template <typename T, int CH>
+__global__ void layernorm_forward_vec_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                                             const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum,
+                                             const float* __restrict__ w, const float* __restrict__ b, int64_t N,
+                                             int C, float eps) {
+    constexpr int W = kVec<T>;
+    const int lane = threadIdx.x & 31, NC = C / W;
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= N) return;
+    const uint4* xr = reinterpret_cast<const uint4*>(x + row * C);
+    float xv[CH][W];
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+        const int ch = lane + 32 * i;
+        if (ch < NC) {
+            unpack(xv[i], xr[ch]);
+            if (res) {
+                float rv[W];
+                unpack(rv, reinterpret_cast<const uint4*>(res + row * C)[ch]);
+#pragma unroll
+                for (int k = 0; k < W; ++k) xv[i][k] += rv[k];
+                const uint4 packed = pack(xv[i]);
+                reinterpret_cast<uint4*>(sum + row * C)[ch] = packed;
+                unpack(xv[i], packed);  // the rounded sum, as the layer norm of the stored one would see
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            if (ch >= NC) xv[i][k] = 0.f;
+            s += xv[i][k];
+        }
+    }
+    const float m = warp_sum(s) / C;
+    float v = 0.f;
+#pragma unroll
+    for (int i = 0; i < CH; ++i)
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            float d = lane + 32 * i < NC ? xv[i][k] - m : 0.f;
+            v += d * d;
+        }
+    const float r = rsqrtf(warp_sum(v) / C + eps);
+    uint4* o = reinterpret_cast<uint4*>(out + row * C);
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+        const int ch = lane + 32 * i;
+        if (ch >= NC) continue;
+        float y[W], wk[W], bk[W];
+        load_floats(wk, w, ch * W, 1.f);  // 16-byte loads: lanes read adjacent chunks of w and b
+        load_floats(bk, b, ch * W, 0.f);
+#pragma unroll
+        for (int k = 0; k < W; ++k) y[k] = (xv[i][k] - m) * r * wk[k] + bk[k];
+        o[ch] = pack(y);
+    }
+    if (lane == 0) {
+        mean[row] = m;
+        rstd[row] = r;
+    }
+}
+
+// The backward kernels' per-block weight-gradient sums: dw (C) and db (C) in dynamic shared memory,
+// zeroed (when need_w) before the rows are visited, and written out as this block's row of the
+// (blocks, C) partials at the end.
+__device__ __forceinline__ void zeroed_block_sums(int C, bool need_w, float*& sdw, float*& sdb) {
+    extern __shared__ float smem[];
+    sdw = smem;
+    sdb = smem + C;
+    if (need_w)
+        for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) smem[c] = 0.f;
+}
+__device__ __forceinline__ void store_block_sums(int C, const float* sdw, const float* sdb, float* dw_part,
+                                                 float* db_part) {
+    __syncthreads();  // every warp has added its shares
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        dw_part[(int64_t)blockIdx.x * C + c] = sdw[c];
+        db_part[(int64_t)blockIdx.x * C + c] = sdb[c];
+    }
+}
+
+// dout (N, C) -> dx (N, C); per-block partial dw, db (gridDim.x, C). One warp per row; lane l owns
+// columns l, l + 32, ... (at most CPL of them, C <= 32 CPL): the row's values and the lane's share of
+// dw and db stay in registers across all the rows the warp visits, and each warp adds its shares to
+// the block's shared-memory sums once at the end (not an atomic per element).
+template <typename T, int CPL>
+__global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
+                                          float* __restrict__ db_part, const T* __restrict__ dout,
+                                          const T* __restrict__ x, const float* __restrict__ w,
+                                          const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N,
+                                          int C, const T* __restrict__ dres) {
+    const bool need_w = dw_part != nullptr;
+    float *sdw, *sdb;
+    zeroed_block_sums(C, need_w, sdw, sdb);
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    float acc_dw[CPL], acc_db[CPL], wc[CPL];
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        int c = lane + 32 * i;
+        acc_dw[i] = acc_db[i] = 0.f;
+        wc[i] = c < C ? (w ? w[c] : 1.f) : 0.f;
+    }
+    for (int64_t row = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += (int64_t)gridDim.x * warps) {
+        const T* g = dout + row * C;
+        const T* xr = x + row * C;
+        const float m = mean[row], r = rstd[row];
+        float gv[CPL], xh[CPL];
+        float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) {
+            int c = lane + 32 * i;
+            gv[i] = c < C ? ldf(g, c) : 0.f;
+            xh[i] = c < C ? (ldf(xr, c) - m) * r : 0.f;
+            float gw = gv[i] * wc[i];
+            sum_g += gw;
+            sum_gx += gw * xh[i];
+        }
+        const float mean_g = warp_sum(sum_g) / C, mean_gx = warp_sum(sum_gx) / C;
+        T* d = dx + row * C;
+#pragma unroll
+        for (int i = 0; i < CPL; ++i) {
+            int c = lane + 32 * i;
+            if (c < C) stf(d, c, (gv[i] * wc[i] - mean_g - xh[i] * mean_gx) * r + (dres ? ldf(dres + row * C, c) : 0.f));
+            acc_dw[i] += gv[i] * xh[i];
+            acc_db[i] += gv[i];
+        }
+    }
+    if (!need_w) return;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < CPL; ++i) {
+        int c = lane + 32 * i;
+        if (c < C) {
+            atomicAdd(&sdw[c], acc_dw[i]);
+            atomicAdd(&sdb[c], acc_db[i]);
+        }
+    }
+    store_block_sums(C, sdw, sdb, dw_part, db_part);
+}
+
+// The same with 16-byte accesses: lane l owns chunks l, l + 32, ... (at most CH) of kVec<T> adjacent
+// columns, so a warp moves 512 bytes per load instead of 64 (bf16). C % kVec<T> == 0, rows 16-byte
+// aligned.
+// With dres, dx also adds dres (the gradient that reached x's residual stream by the other path).
+template <typename T, int CH>
+__global__ void layernorm_backward_vec_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
+                                              float* __restrict__ db_part, const T* __restrict__ dout,
+                                              const T* __restrict__ x, const float* __restrict__ w,
+                                              const float* __restrict__ mean, const float* __restrict__ rstd,
+                                              int64_t N, int C, const T* __restrict__ dres) {
+    constexpr int W = kVec<T>;
+    const bool need_w = dw_part != nullptr;
+    float *sdw, *sdb;
+    zeroed_block_sums(C, need_w, sdw, sdb);
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, NC = C / W;
+    float acc_dw[CH][W], acc_db[CH][W], wc[CH][W];
+#pragma unroll
+    for (int i = 0; i < CH; ++i)
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            const int ch = lane + 32 * i, c = ch * W + k;
+            acc_dw[i][k] = acc_db[i][k] = 0.f;
+            wc[i][k] = ch < NC ? (w ? w[c] : 1.f) : 0.f;  // once per kernel: scalar loads are fine
+        }
+    for (int64_t row = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += (int64_t)gridDim.x * warps) {
+        const uint4* g = reinterpret_cast<const uint4*>(dout + row * C);
+        const uint4* xr = reinterpret_cast<const uint4*>(x + row * C);
+        const float m = mean[row], r = rstd[row];
+        float gv[CH][W], xh[CH][W];
+        float sum_g = 0.f, sum_gx = 0.f;
+#pragma unroll
+        for (int i = 0; i < CH; ++i) {
+            const int ch = lane + 32 * i;
+            if (ch < NC) {
+                unpack(gv[i], g[ch]);
+                unpack(xh[i], xr[ch]);
+            }
+#pragma unroll
+            for (int k = 0; k < W; ++k) {
+                if (ch >= NC) gv[i][k] = xh[i][k] = 0.f;
+                xh[i][k] = (xh[i][k] - m) * r;
+                float gw = gv[i][k] * wc[i][k];
+                sum_g += gw;
+                sum_gx += gw * xh[i][k];
+            }
+        }
+        const float mean_g = warp_sum(sum_g) / C, mean_gx = warp_sum(sum_gx) / C;
+        uint4* d = reinterpret_cast<uint4*>(dx + row * C);
+#pragma unroll
+        for (int i = 0; i < CH; ++i) {
+            const int ch = lane + 32 * i;
+            float o[W];
+#pragma unroll
+            for (int k = 0; k < W; ++k) {
+                o[k] = (gv[i][k] * wc[i][k] - mean_g - xh[i][k] * mean_gx) * r;
+                acc_dw[i][k] += gv[i][k] * xh[i][k];
+                acc_db[i][k] += gv[i][k];
+            }
+            if (ch >= NC) continue;
+            if (dres) {
+                float rv[W];
+                unpack(rv, reinterpret_cast<const uint4*>(dres + row * C)[ch]);
+#pragma unroll
+                for (int k = 0; k < W; ++k) o[k] += rv[k];
+            }
+            d[ch] = pack(o);
+        }
+    }
+    if (!need_w) return;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+        const int ch = lane + 32 * i;
+        if (ch >= NC) continue;
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            atomicAdd(&sdw[ch * W + k], acc_dw[i][k]);
+            atomicAdd(&sdb[ch * W + k], acc_db[i][k]);
+        }
+    }
+    store_block_sums(C, sdw, sdb, dw_part, db_part);
+}
+
+// The same for any C (rows wider than 2048): an atomic per element into the block's shared sums
+template <typename T>
+__global__ void layernorm_backward_wide_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
+                                          float* __restrict__ db_part, const T* __restrict__ dout,
+                                          const T* __restrict__ x, const float* __restrict__ w,
+                                          const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N,
+                                          int C, const T* __restrict__ dres) {
+    const bool need_w = dw_part != nullptr;
+    float *sdw, *sdb;
+    zeroed_block_sums(C, need_w, sdw, sdb);
+    __syncthreads();
+    int lane = threadIdx.x & 31;
+    int warps = blockDim.x >> 5;
+    for (int64_t row = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += (int64_t)gridDim.x * warps) {
+        const T* g = dout + row * C;
+        const T* xr = x + row * C;
+        float m = mean[row], r = rstd[row];
+        float sum_g = 0.f, sum_gx = 0.f;
+        for (int c = lane; c < C; c += 32) {
+            float gc = ldf(g, c);
+            float gw = w ? gc * w[c] : gc;
+            float xhat = (ldf(xr, c) - m) * r;
+            sum_g += gw;
+            sum_gx += gw * xhat;
+        }
+        float mean_g = warp_sum(sum_g) / C;
+        float mean_gx = warp_sum(sum_gx) / C;
+        T* d = dx + row * C;
+        for (int c = lane; c < C; c += 32) {
+            float gc = ldf(g, c);
+            float gw = w ? gc * w[c] : gc;
+            float xhat = (ldf(xr, c) - m) * r;
+            stf(d, c, (gw - mean_g - xhat * mean_gx) * r + (dres ? ldf(dres + row * C, c) : 0.f));
+            if (need_w) {
+                atomicAdd(&sdw[c], gc * xhat);
+                atomicAdd(&sdb[c], gc);
+            }
+        }
+    }
+    if (need_w) store_block_sums(C, sdw, sdb, dw_part, db_part);
+}
+
+// 16-byte chunks per lane for rows of C elements of T (1..4), or 0 where the vector kernels do not
+// apply (C % kVec<T> != 0, more than 128 chunks, unaligned pointers; null ones count as aligned)
+template <typename T, typename... P>
+int vec_chunks(int64_t C, const P*... ptrs) {
+    const bool aligned = ((reinterpret_cast<std::uintptr_t>(ptrs) % 16 == 0) && ...);
+    if (!aligned || C % kVec<T> != 0 || C / kVec<T> > 128) return 0;
+    return (int)ceil_div(C / kVec<T>, 32);
+}
+
+template <typename T>
+void layernorm_forward_typed(int device, T* out, float* mean, float* rstd, const T* x, const float* w,
+                             const float* b, int64_t N, int64_t C, float eps, const T* res = nullptr,
+                             T* sum = nullptr) {
+    if (N == 0) return;
+    use_device(device);
+    int warps = 8;
+    const unsigned grid = (unsigned)ceil_div(N, warps);
+    cudaStream_t st = stream(device);
+    auto launch = [&](auto kernel) { kernel<<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, res, sum, w, b, N, (int)C, eps); };
+    switch (vec_chunks<T>(C, out, x, w, b, res, sum)) {
+        case 1: launch(layernorm_forward_vec_kernel<T, 1>); break;
+        case 2: launch(layernorm_forward_vec_kernel<T, 2>); break;
+        case 3: launch(layernorm_forward_vec_kernel<T, 3>); break;
+        case 4: launch(layernorm_forward_vec_kernel<T, 4>); break;
+        default: launch(layernorm_forward_kernel<T>);
+    }
+    check_launch("layer_norm");
+}
+
+template <typename T>
+void layernorm_backward_typed(int device, T* dx, float* dw, float* db, const T* dout, const T* x, const float* w,
+                              const float* mean, const float* rstd, int64_t N, int64_t C, const T* dres = nullptr) {
+    use_device(device);
+    cudaStream_t st = stream(device);
+    bool need_w = dw != nullptr || db != nullptr;
+    if (N == 0) {
+        if (dw) fill(device, F32, dw, 0.0, C);
+        if (db) fill(device, F32, db, 0.0, C);
+        return;
+    }
+    const int warps = 4;
+    const std::size_t smem = need_w ? 2 * C * sizeof(float) : 0;
+    // One wave: as many blocks as fit on the GPU at once, each walking rows with a grid stride (a
+    // second, partial wave would start its rows late); the weight-gradient partials have a row per block.
+    auto launch = [&](auto kernel) {
+        if (smem > 48 * 1024)
+            check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                  "layer_norm_backward");
+        int per_sm = 0;
+        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem), "layer_norm_backward");
+        const int blocks = (int)std::min<int64_t>(ceil_div(N, warps), (int64_t)std::max(1, per_sm) * sm_count(device));
+        float* part = nullptr;
+        std::size_t block = 0;
+        if (need_w) part = (float*)device_alloc(2 * sizeof(float) * blocks * C, device, &block);
+        kernel<<<blocks, warps * 32, smem, st>>>(dx, part, need_w ? part + (int64_t)blocks * C : nullptr, dout, x, w,
+                                                 mean, rstd, N, (int)C, dres);
+        if (need_w) {
+            unsigned int g = (unsigned int)ceil_div(C, 32);
+            if (dw) sum_parts_kernel<<<g, dim3(32, 32), 0, st>>>(dw, part, blocks, (int)C);
+            if (db) sum_parts_kernel<<<g, dim3(32, 32), 0, st>>>(db, part + (int64_t)blocks * C, blocks, (int)C);
+            device_free(part, block, device);
+        }
+    };
+    // 16-byte chunks per lane where the rows allow (up to 4), else columns per lane: registers sized
+    // for C (up to 1024; wider rows take the atomic kernel)
+    const int chunks = vec_chunks<T>(C, dx, x, dout, dres);
+    if (chunks == 1) launch(layernorm_backward_vec_kernel<T, 1>);
+    else if (chunks == 2) launch(layernorm_backward_vec_kernel<T, 2>);
+    else if (chunks == 3) launch(layernorm_backward_vec_kernel<T, 3>);
+    else if (chunks == 4) launch(layernorm_backward_vec_kernel<T, 4>);
+    else if (C <= 128) launch(layernorm_backward_kernel<T, 4>);
+    else if (C <= 256) launch(layernorm_backward_kernel<T, 8>);
+    else if (C <= 384) launch(layernorm_backward_kernel<T, 12>);
+    else if (C <= 512) launch(layernorm_backward_kernel<T, 16>);
+    else if (C <= 768) launch(layernorm_backward_kernel<T, 24>);
+    else if (C <= 1024) launch(layernorm_backward_kernel<T, 32>);
+    else launch(layernorm_backward_wide_kernel<T>);
+    check_launch("layer_norm_backward");
+}
+
+}  // namespace
+
+void layernorm_forward(int device, float* out, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C, float eps) {
+    layernorm_forward_typed<float>(device, out, mean, rstd, x, w, b, N, C, eps);
+}
+
+void layernorm_backward(int device, float* dx, float* dw, float* db, const float* dout, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C) {
+    layernorm_backward_typed<float>(device, dx, dw, db, dout, x, w, mean, rstd, N, C);
+}
+
+void layernorm_forward_dt(int device, int dtype, void* out, float* mean, float* rstd, const void* x, const float* w,
+                          const float* b, int64_t N, int64_t C, float eps) {
+    if (dtype == F32) layernorm_forward_typed<float>(device, (float*)out, mean, rstd, (const float*)x, w, b, N, C, eps);
+    else if (dtype == BF16)
+        layernorm_forward_typed<__nv_bfloat16>(device, (__nv_bfloat16*)out, mean, rstd, (const __nv_bfloat16*)x, w, b,
+                                               N, C, eps);
+    else unsupported("layer_norm", dtype);
+}
+
+void layernorm_backward_dt(int device, int dtype, void* dx, float* dw, float* db, const void* dout, const void* x,
+                           const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                           const void* dres) {
+    if (dtype == F32)
+        layernorm_backward_typed<float>(device, (float*)dx, dw, db, (const float*)dout, (const float*)x, w, mean, rstd,
+                                        N, C, (const float*)dres);
+    else if (dtype == BF16)
+        layernorm_backward_typed<__nv_bfloat16>(device, (__nv_bfloat16*)dx, dw, db, (const __nv_bfloat16*)dout,
+                                                (const __nv_bfloat16*)x, w, mean, rstd, N, C,
+                                                (const __nv_bfloat16*)dres);
+    else unsupported("layer_norm_backward", dtype);
+}
+
+void layernorm_add_forward_dt(int device, int dtype, void* out, void* sum, float* mean, float* rstd, const void* x,
+                              const void* res, const float* w, const float* b, int64_t N, int64_t C, float eps) {
+    if (dtype == F32)
+        layernorm_forward_typed<float>(device, (float*)out, mean, rstd, (const float*)x, w, b, N, C, eps,
+                                       (const float*)res, (float*)sum);
+    else if (dtype == BF16)
+        layernorm_forward_typed<__nv_bfloat16>(device, (__nv_bfloat16*)out, mean, rstd, (const __nv_bfloat16*)x, w, b,
+                                               N, C, eps, (const __nv_bfloat16*)res, (__nv_bfloat16*)sum);
+    else unsupported("layer_norm", dtype);
+}
+
+}  // namespace engine

@@ -1,0 +1,260 @@
+// Matrix multiplication through cuBLASLt (row-major, batched, transposes; TF32 for float32; bf16 with
+// float32 accumulation, written out as bf16 or, with out_dtype F32, as float32: the weight gradient of
+// float32 master weights under autocast, without a bf16 copy and a cast).
+//
+// Row-major C (M, N) = A (M, K) B (K, N) is column-major C^T (N, M) = B^T (N, K) A^T (K, M), so
+// cuBLASLt is called with the operands swapped: its "A" is our b and its "B" is our a. Plans
+// (descriptors + the heuristic's algorithm) are cached per shape and epilogue, so a training step
+// does no heuristic queries after its first iteration.
+//
+// Epilogues fold the Linear layer's bias and GELU into the GEMM (no extra pass over the output):
+// BIAS c = a b + bias; GELU_BIAS c = gelu(a b + bias) with the pre-activation written to aux (the
+// backward's input); BGRAD c = a b and bias = row sums of op(a) (the bias gradient, from the weight
+// gradient's GEMM). In cuBLAS terms our output columns are its rows, so our bias (N,) is its
+// per-row bias (EPILOGUE_BIAS), and our op(a)'s rows are its B's columns (EPILOGUE_BGRADB). The bias
+// (and its gradient) is of the output's dtype: cuBLASLt (13.x, H200) refuses a float32 bias beside a
+// bf16 output, so autocast's float32 master bias is cast for the forward.
+#include <cublasLt.h>
+
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "copy/copy.h"  // fill
+#include "matmul/matmul.h"
+
+namespace engine {
+namespace {
+
+bool g_allow_tf32 = true;
+
+void check_lt(cublasStatus_t s, const char* what) {
+    if (s != CUBLAS_STATUS_SUCCESS)
+        throw CudaError(std::string("engine op 'matmul': cuBLASLt ") + what + " failed: " + cublasLtGetStatusName(s) +
+                        " (" + cublasLtGetStatusString(s) + ")");
+}
+
+struct Key {
+    int dtype, out_dtype, tf32, ta, tb, align_a, align_b, align_c, epilogue;
+    int64_t batch, M, N, K, sa, sb, sc;
+    bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
+};
+struct KeyHash {
+    std::size_t operator()(const Key& k) const {
+        const unsigned char* p = reinterpret_cast<const unsigned char*>(&k);
+        std::size_t h = 1469598103934665603ull;
+        for (std::size_t i = 0; i < sizeof(Key); ++i) h = (h ^ p[i]) * 1099511628211ull;
+        return h;
+    }
+};
+
+struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulAlgo_t algo;
+    bool found = false;  // false: cuBLASLt has no algorithm for this epilogue (the caller runs it unfused)
+};
+
+cublasLtEpilogue_t lt_epilogue(int e) {
+    switch (e) {
+        case EPI_BIAS: return CUBLASLT_EPILOGUE_BIAS;
+        case EPI_GELU_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+        case EPI_GELU: return CUBLASLT_EPILOGUE_GELU_AUX;
+        case EPI_BGRAD: return CUBLASLT_EPILOGUE_BGRADB;
+        default: return CUBLASLT_EPILOGUE_DEFAULT;
+    }
+}
+
+struct DeviceLt {
+    cublasLtHandle_t handle = nullptr;
+    void* workspace = nullptr;
+    std::size_t workspace_bytes = 32u << 20;  // 32 MiB, as recommended for Hopper
+    std::unordered_map<Key, Plan, KeyHash> plans;
+};
+
+std::mutex g_mutex;
+DeviceLt g_lt[64];
+
+DeviceLt& lt(int device) {
+    DeviceLt& d = g_lt[device];
+    if (d.handle == nullptr) {
+        check_lt(cublasLtCreate(&d.handle), "create");
+        check(cudaMalloc(&d.workspace, d.workspace_bytes), "matmul workspace");
+    }
+    return d;
+}
+
+int alignment(const void* p) {
+    auto v = reinterpret_cast<std::uintptr_t>(p);
+    int a = 256;
+    while (a > 1 && (v % a) != 0) a >>= 1;
+    return a;
+}
+
+void set_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
+    int32_t b = (int32_t)batch;
+    check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof(b)), "layout");
+    check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+             "layout");
+}
+
+cudaDataType_t lt_type(int dtype) { return dtype == F64 ? CUDA_R_64F : dtype == BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+Plan make_plan(DeviceLt& d, const Key& k) {
+    Plan p;
+    bool f64 = k.dtype == F64;
+    // bf16: bf16 operands, float32 accumulation and scaling, a bf16 or float32 result
+    cudaDataType_t dt = lt_type(k.dtype), out_t = lt_type(k.out_dtype);
+    cudaDataType_t scale_t = f64 ? CUDA_R_64F : CUDA_R_32F;
+    cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F : (k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+    check_lt(cublasLtMatmulDescCreate(&p.op, ct, scale_t), "matmul desc");
+    // cuBLAS "A" = our b, cuBLAS "B" = our a (see the header comment)
+    cublasOperation_t opA = k.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t opB = k.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)), "matmul desc");
+    check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)), "matmul desc");
+    if (k.epilogue != EPI_NONE) {
+        cublasLtEpilogue_t epi = lt_epilogue(k.epilogue);
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue");
+        cudaDataType_t bias_t = out_t;  // bias (and its gradient) in the output's type
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof(bias_t)),
+                 "epilogue");
+        if (k.epilogue == EPI_GELU_BIAS || k.epilogue == EPI_GELU) {
+            int64_t aux_ld = k.N;  // aux is (M, N) row-major like c
+            check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
+                     "epilogue");
+        }
+    }
+    // our b: (K, N) row-major = (N, K) col-major, ld N; transposed: (N, K) row-major = (K, N) col-major, ld K
+    if (!k.tb) check_lt(cublasLtMatrixLayoutCreate(&p.la, dt, k.N, k.K, k.N), "layout");
+    else check_lt(cublasLtMatrixLayoutCreate(&p.la, dt, k.K, k.N, k.K), "layout");
+    // our a: (M, K) row-major = (K, M) col-major, ld K; transposed: (K, M) row-major = (M, K) col-major, ld M
+    if (!k.ta) check_lt(cublasLtMatrixLayoutCreate(&p.lb, dt, k.K, k.M, k.K), "layout");
+    else check_lt(cublasLtMatrixLayoutCreate(&p.lb, dt, k.M, k.K, k.M), "layout");
+    check_lt(cublasLtMatrixLayoutCreate(&p.lc, out_t, k.N, k.M, k.N), "layout");
+    if (k.batch > 1) {
+        set_batch(p.la, k.batch, k.sb);
+        set_batch(p.lb, k.batch, k.sa);
+        set_batch(p.lc, k.batch, k.sc);
+    }
+    cublasLtMatmulPreference_t pref;
+    check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &d.workspace_bytes,
+                                                  sizeof(d.workspace_bytes)),
+             "preference");
+    uint32_t aa = k.align_b, ab = k.align_a, ac = k.align_c;  // swapped like the operands
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(d.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (k.epilogue != EPI_NONE && (s != CUBLAS_STATUS_SUCCESS || found == 0)) return p;  // not found: unfused
+    check_lt(s, "heuristic");
+    if (found == 0)
+        throw CudaError("engine op 'matmul': cuBLASLt found no algorithm for M=" + std::to_string(k.M) +
+                        " N=" + std::to_string(k.N) + " K=" + std::to_string(k.K) + " batch=" + std::to_string(k.batch));
+    p.algo = result.algo;
+    p.found = true;
+    return p;
+}
+
+}  // namespace
+
+void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
+bool allow_tf32() { return g_allow_tf32; }
+
+namespace {
+
+// the cached plan for one call (creating it on first use); the caller holds g_mutex
+const Plan& plan_for(DeviceLt& d, int dtype, int out_dtype, int epilogue, void* c, const void* a, const void* b,
+                     int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
+                     int64_t stride_b, int64_t stride_c) {
+    Key k;
+    std::memset(&k, 0, sizeof(k));
+    k.dtype = dtype;
+    k.out_dtype = out_dtype;
+    k.tf32 = dtype == F32 && g_allow_tf32;
+    k.ta = trans_a;
+    k.tb = trans_b;
+    k.align_a = alignment(a);
+    k.align_b = alignment(b);
+    k.align_c = alignment(c);
+    k.epilogue = epilogue;
+    k.batch = batch;
+    k.M = M;
+    k.N = N;
+    k.K = K;
+    k.sa = batch > 1 ? stride_a : 0;
+    k.sb = batch > 1 ? stride_b : 0;
+    k.sc = batch > 1 ? stride_c : 0;
+    auto it = d.plans.find(k);
+    if (it == d.plans.end()) it = d.plans.emplace(k, make_plan(d, k)).first;
+    return it->second;
+}
+
+void run_plan(DeviceLt& d, const Plan& p, int device, int dtype, void* c, const void* a, const void* b) {
+    double one64 = 1.0, zero64 = 0.0;
+    float one32 = 1.f, zero32 = 0.f;
+    const void* alpha = dtype == F64 ? (const void*)&one64 : (const void*)&one32;
+    const void* beta = dtype == F64 ? (const void*)&zero64 : (const void*)&zero32;
+    check_lt(cublasLtMatmul(d.handle, p.op, alpha, b, p.la, a, p.lb, beta, c, p.lc, c, p.lc, &p.algo, d.workspace,
+                            d.workspace_bytes, stream(device)),
+             "matmul");
+    check_launch("matmul");
+}
+
+// out_dtype -1 is dtype; otherwise dtype itself, or F32 for BF16 operands
+int checked_out_dtype(const char* op, int dtype, int out_dtype) {
+    if (out_dtype < 0 || out_dtype == dtype) return dtype;
+    if (dtype == BF16 && out_dtype == F32) return out_dtype;
+    throw std::invalid_argument(std::string("engine op '") + op + "': a " + dtype_name(dtype) + " GEMM cannot write " +
+                                dtype_name(out_dtype) + " (out_dtype is the operands' dtype, or float32 for bfloat16 "
+                                "operands)");
+}
+
+}  // namespace
+
+void matmul(int device, int dtype, void* c, const void* a, const void* b, int64_t batch, int64_t M, int64_t N,
+            int64_t K, bool trans_a, bool trans_b, int64_t stride_a, int64_t stride_b, int64_t stride_c,
+            int out_dtype) {
+    if (dtype != F32 && dtype != F64 && dtype != BF16) unsupported("matmul", dtype);
+    out_dtype = checked_out_dtype("matmul", dtype, out_dtype);
+    if (batch == 0 || M == 0 || N == 0) return;
+    use_device(device);
+    if (K == 0) {
+        fill(device, out_dtype, c, 0.0, batch * M * N);
+        return;
+    }
+    std::lock_guard<std::mutex> lock(g_mutex);
+    DeviceLt& d = lt(device);
+    const Plan& p = plan_for(d, dtype, out_dtype, EPI_NONE, c, a, b, batch, M, N, K, trans_a, trans_b, stride_a,
+                             stride_b, stride_c);
+    run_plan(d, p, device, dtype, c, a, b);
+}
+
+bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a, const void* b, int64_t M, int64_t N,
+                     int64_t K, bool trans_a, bool trans_b, void* bias, void* aux, int out_dtype) {
+    if (dtype != F32 && dtype != BF16) return false;
+    out_dtype = checked_out_dtype("matmul_epilogue", dtype, out_dtype);
+    if (M == 0 || N == 0 || K == 0) return false;
+    if (epilogue < EPI_BIAS || epilogue > EPI_GELU) throw std::invalid_argument("matmul_epilogue: unknown epilogue");
+    if ((epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU) && (aux == nullptr || N % 8 != 0)) return false;
+    use_device(device);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    DeviceLt& d = lt(device);
+    const Plan& p = plan_for(d, dtype, out_dtype, epilogue, c, a, b, 1, M, N, K, trans_a, trans_b, 0, 0, 0);
+    if (!p.found) return false;
+    if (epilogue != EPI_GELU)
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+                 "epilogue");
+    if (epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU)
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+                 "epilogue");
+    run_plan(d, p, device, dtype, c, a, b);
+    return true;
+}
+
+}  // namespace engine

@@ -1,0 +1,162 @@
+// CUDA graph capture and replay (graph.h), and the Python bindings of pools and graphs (the
+// device-scalar optimizer launchers a captured step uses are bound in optimizer/bind.cpp).
+#include "runtime/graph.h"
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "random/random.h"  // rng_epoch_advance, the first node of a capture
+
+namespace py = pybind11;
+
+namespace engine {
+
+namespace {
+
+// the random epoch of each device: 8 bytes of device memory, made once, advanced by every replay
+uint64_t* g_epoch[64] = {};
+
+uint64_t* epoch_buffer(int device) {
+    if (g_epoch[device] == nullptr) {
+        void* p = nullptr;
+        check(cudaMalloc(&p, sizeof(uint64_t)), "graph rng epoch");
+        check(cudaMemsetAsync(p, 0, sizeof(uint64_t), stream(device)), "graph rng epoch");
+        g_epoch[device] = static_cast<uint64_t*>(p);
+    }
+    return g_epoch[device];
+}
+
+std::string where(int device) { return "cuda:" + std::to_string(device); }
+
+}  // namespace
+
+const uint64_t* capture_rng_epoch(int device) {
+    if (!capturing(device)) return nullptr;
+    return g_epoch[device];
+}
+
+CudaGraph::CudaGraph(int device, std::shared_ptr<GraphPool> pool) : device_(device), pool_(std::move(pool)) {
+    if (!pool_) throw std::runtime_error("CudaGraph: needs a GraphPool");
+    if (pool_->device != device)
+        throw std::runtime_error("CudaGraph: the pool belongs to " + where(pool_->device) + ", the graph to " +
+                                 where(device));
+}
+
+CudaGraph::~CudaGraph() {
+    if (capturing_) {
+        try {
+            abort();
+        } catch (...) {  // never throw from a destructor
+        }
+    }
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);  // an in-flight launch completes first
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+    cudaGetLastError();
+}
+
+void CudaGraph::begin() {
+    if (capturing_ || exec_ != nullptr) throw std::runtime_error("CudaGraph.begin: this graph was already captured");
+    if (capturing(device_))
+        throw std::runtime_error("CudaGraph.begin: another capture is under way on " + where(device_));
+    use_device(device_);
+    uint64_t* epoch = epoch_buffer(device_);
+    cudaStream_t st = stream(device_);
+    pool_activate(device_, pool_->id);
+    cudaError_t err = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    if (err != cudaSuccess) {
+        pool_activate(device_, 0);
+        throw_cuda("graph capture begin", err);
+    }
+    set_capturing(device_, true);
+    capturing_ = true;
+    try {
+        rng_epoch_advance(device_, epoch);  // the first node: every replay draws new random numbers
+    } catch (...) {
+        abort();  // never leave the stream capturing
+        throw;
+    }
+}
+
+void CudaGraph::finish_capture(cudaGraph_t* out) {
+    cudaGraph_t g = nullptr;
+    cudaError_t err = cudaStreamEndCapture(stream(device_), &g);
+    set_capturing(device_, false);
+    pool_activate(device_, 0);
+    capturing_ = false;
+    if (out != nullptr && err == cudaSuccess) {
+        *out = g;
+        return;
+    }
+    if (g != nullptr) cudaGraphDestroy(g);
+    cudaGetLastError();
+    if (out != nullptr) throw_cuda("graph capture end", err);
+}
+
+void CudaGraph::end() {
+    if (!capturing_) throw std::runtime_error("CudaGraph.end: no capture under way (call begin() first)");
+    use_device(device_);
+    finish_capture(&graph_);
+    check(cudaGraphInstantiate(&exec_, graph_, 0), "graph instantiate");
+    check(cudaGraphUpload(exec_, stream(device_)), "graph upload");
+    pool_claim_live(pool_->id);
+}
+
+void CudaGraph::abort() {
+    if (!capturing_) return;
+    use_device(device_);
+    finish_capture(nullptr);
+}
+
+void CudaGraph::replay() {
+    if (exec_ == nullptr) throw std::runtime_error("CudaGraph.replay: nothing captured yet");
+    use_device(device_);
+    check(cudaGraphLaunch(exec_, stream(device_)), "graph replay");
+}
+
+std::size_t CudaGraph::num_nodes() const {
+    if (graph_ == nullptr) return 0;
+    std::size_t n = 0;
+    check(cudaGraphGetNodes(graph_, nullptr, &n), "graph nodes");
+    return n;
+}
+
+void bind_graphs(py::module_& m) {
+    py::class_<GraphPool, std::shared_ptr<GraphPool>>(m, "GraphPool",
+                                                       "Private device memory of captured graphs (see runtime.h).")
+        .def(py::init<int>(), py::arg("device"))
+        .def_readonly("id", &GraphPool::id)
+        .def_readonly("device", &GraphPool::device)
+        .def("activate", [](GraphPool& p) { pool_activate(p.device, p.id); },
+             "Allocations and frees on the device go to this pool until deactivate() (warm-up runs).")
+        .def("deactivate", [](GraphPool& p) {
+            if (active_pool(p.device) == p.id) pool_activate(p.device, 0);
+        })
+        .def("stats", [](GraphPool& p) {
+            PoolStats s = pool_stats(p.id);
+            py::dict d;
+            d["reserved"] = s.reserved;
+            d["cached"] = s.cached;
+            d["owned_blocks"] = s.owned_blocks;
+            d["mallocs_in_capture"] = s.mallocs_in_capture;
+            return d;
+        });
+
+    py::class_<CudaGraph>(m, "CudaGraph", "One captured CUDA graph of a device's stream.")
+        .def(py::init<int, std::shared_ptr<GraphPool>>(), py::arg("device"), py::arg("pool"))
+        .def("begin", &CudaGraph::begin)
+        .def("end", &CudaGraph::end)
+        .def("abort", &CudaGraph::abort)
+        .def("replay", &CudaGraph::replay)
+        .def_property_readonly("num_nodes", &CudaGraph::num_nodes)
+        .def_property_readonly("ready", &CudaGraph::ready)
+        .def_property_readonly("device", &CudaGraph::device);
+
+    m.def("capturing", [](int device) { return capturing(device); },
+          "True while the device's stream is being captured into a graph.");
+    m.def("alloc_count", [](int device) { return mem_stats(device).num_allocs; },
+          "device_alloc calls on the device so far (did a step do any GPU work?).");
+}
+
+}  // namespace engine

@@ -1,0 +1,357 @@
+// Softmax and log-softmax over the last axis (forward, backward), and cross-entropy fused with
+// its backward: the forward keeps only each row's logsumexp, the backward rebuilds softmax - onehot.
+// The fused classifier (F.linear_cross_entropy) has one kernel for both: the loss, and the gradient
+// written over the logits; and a scale by a device scalar for its backward.
+#include "runtime/common.cuh"
+#include "softmax/softmax.h"
+
+namespace engine {
+namespace {
+
+// running (max, sum of exp(x - max)) pairs, merged across threads
+struct MaxSum {
+    float m, s;
+};
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+    float m = fmaxf(a.m, b.m);
+    if (m == -INFINITY) return {m, 0.f};
+    return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
+}
+__device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        MaxSum w{__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)};
+        v = merge(v, w);
+    }
+    return v;
+}
+__device__ MaxSum block_merge(MaxSum v) {
+    __shared__ float sm[32], ss[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_merge(v);
+    __syncthreads();
+    if (lane == 0) { sm[warp] = v.m; ss[warp] = v.s; }
+    __syncthreads();
+    MaxSum r = lane < nw ? MaxSum{sm[lane], ss[lane]} : MaxSum{-INFINITY, 0.f};
+    return warp_merge(r);
+}
+__device__ __forceinline__ MaxSum add_value(MaxSum a, float x) {
+    if (x == -INFINITY) return a;  // a masked entry adds nothing (and -inf - -inf would be NaN)
+    if (x > a.m) return {x, a.s * __expf(a.m - x) + 1.f};
+    return {a.m, a.s + __expf(x - a.m)};
+}
+
+// x (N, L) -> out (N, L); one warp (blockDim 32) or one block per row
+__global__ void softmax_forward_kernel(float* __restrict__ out, const float* __restrict__ x, int64_t L, bool log) {
+    int64_t row = blockIdx.x;
+    const float* xr = x + row * L;
+    float* o = out + row * L;
+    MaxSum ms{-INFINITY, 0.f};
+    for (int64_t j = threadIdx.x; j < L; j += blockDim.x) ms = add_value(ms, xr[j]);
+    ms = blockDim.x == 32 ? warp_merge(ms) : block_merge(ms);
+    if (log) {
+        float lse = ms.m + logf(ms.s);
+        for (int64_t j = threadIdx.x; j < L; j += blockDim.x) o[j] = xr[j] - lse;
+    } else {
+        float inv = 1.f / ms.s;
+        for (int64_t j = threadIdx.x; j < L; j += blockDim.x) o[j] = expf(xr[j] - ms.m) * inv;
+    }
+}
+
+// softmax: dx = y (g - sum(g y));  log_softmax: dx = g - exp(y) sum(g)
+__global__ void softmax_backward_kernel(float* __restrict__ dx, const float* __restrict__ y, const float* __restrict__ g,
+                                        int64_t L, bool log) {
+    __shared__ float shared[32];
+    int64_t row = blockIdx.x;
+    const float* yr = y + row * L;
+    const float* gr = g + row * L;
+    float* d = dx + row * L;
+    float s = 0.f;
+    for (int64_t j = threadIdx.x; j < L; j += blockDim.x) s += log ? gr[j] : gr[j] * yr[j];
+    s = blockDim.x == 32 ? warp_sum(s) : block_sum(s, shared);
+    if (log)
+        for (int64_t j = threadIdx.x; j < L; j += blockDim.x) d[j] = gr[j] - expf(yr[j]) * s;
+    else
+        for (int64_t j = threadIdx.x; j < L; j += blockDim.x) d[j] = yr[j] * (gr[j] - s);
+}
+
+__device__ __forceinline__ float ldf(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ldf(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+
+// The two passes over one row of logits x (V,) that the cross-entropy kernels share, float32 or bf16.
+// VEC: V % kVec == 0 and the row 16-byte aligned, so each thread reads (and writes) 16 bytes at a time.
+
+// this thread's share of the row's (max, sum of exp(x - max)); merge across the block afterwards
+template <typename T, bool VEC>
+__device__ __forceinline__ MaxSum row_max_sum(const T* xr, int64_t V) {
+    MaxSum ms{-INFINITY, 0.f};
+    if constexpr (VEC) {
+        constexpr int W = kVec<T>;
+        const uint4* xv = reinterpret_cast<const uint4*>(xr);
+        for (int64_t c = threadIdx.x; c < V / W; c += blockDim.x) {
+            float f[W];
+            unpack(f, xv[c]);
+            float m = f[0];
+#pragma unroll
+            for (int i = 1; i < W; ++i) m = fmaxf(m, f[i]);
+            if (m == -INFINITY) continue;
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < W; ++i) sum += __expf(f[i] - m);
+            ms = merge(ms, MaxSum{m, sum});
+        }
+    } else {
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) ms = add_value(ms, ldf(xr, j));
+    }
+    return ms;
+}
+
+// d (V,) = (exp(x - lse) - onehot(t)) * scale. d may be x itself: each element is read, then written,
+// by the same thread. The thread that reads x[t] (none when t is out of range) gets it in x_target
+// and true back.
+template <typename T, bool VEC>
+__device__ __forceinline__ bool write_softmax_minus_onehot(T* d, const T* xr, int64_t t, float lse, float scale,
+                                                           int64_t V, float& x_target) {
+    bool saw_target = false;
+    if constexpr (VEC) {
+        constexpr int W = kVec<T>;
+        const uint4* xv = reinterpret_cast<const uint4*>(xr);
+        uint4* dv = reinterpret_cast<uint4*>(d);
+        for (int64_t c = threadIdx.x; c < V / W; c += blockDim.x) {
+            float f[W];
+            unpack(f, xv[c]);
+#pragma unroll
+            for (int i = 0; i < W; ++i) {
+                bool hit = c * W + i == t;
+                if (hit) x_target = f[i], saw_target = true;
+                f[i] = (expf(f[i] - lse) - (hit ? 1.f : 0.f)) * scale;
+            }
+            dv[c] = pack(f);
+        }
+    } else {
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+            float x = ldf(xr, j);
+            if (j == t) x_target = x, saw_target = true;
+            d[j] = (T)((expf(x - lse) - (j == t ? 1.f : 0.f)) * scale);
+        }
+    }
+    return saw_target;
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void zero_row(T* d, int64_t V) {
+    if constexpr (VEC) {
+        uint4* dv = reinterpret_cast<uint4*>(d);
+        for (int64_t c = threadIdx.x; c < V / kVec<T>; c += blockDim.x) dv[c] = make_uint4(0u, 0u, 0u, 0u);
+    } else {
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) d[j] = (T)0.f;
+    }
+}
+
+// logits (N, V), targets (N,) -> losses (N,) (0 where ignored), lse (N,); logits float or bf16.
+template <typename T, bool VEC>
+__global__ void cross_entropy_forward_kernel(float* __restrict__ losses, float* __restrict__ lse,
+                                             const T* __restrict__ logits, const int64_t* __restrict__ targets,
+                                             int64_t V, int64_t ignore_index) {
+    int64_t row = blockIdx.x;
+    const T* xr = logits + row * V;
+    MaxSum ms = row_max_sum<T, VEC>(xr, V);
+    ms = blockDim.x == 32 ? warp_merge(ms) : block_merge(ms);
+    if (threadIdx.x == 0) {
+        float l = ms.m + logf(ms.s);
+        lse[row] = l;
+        int64_t t = targets[row];
+        if (t == ignore_index) losses[row] = 0.f;
+        else if (t < 0 || t >= V) losses[row] = NAN;  // out-of-range target: visible, no host sync to raise
+        else losses[row] = l - ldf(xr, t);
+    }
+}
+
+// dlogits (N, V) = (exp(logits - lse) - onehot(target)) * g[row]; 0 on ignored rows. dlogits may
+// be logits itself (each element is read, then written, by the same thread): the classifier's
+// gradient then takes the logits' memory instead of a second (N, V) buffer.
+template <typename T, bool VEC>
+__global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const int64_t* __restrict__ targets,
+                                              const float* __restrict__ lse, const float* __restrict__ g, int64_t V,
+                                              int64_t ignore_index) {
+    int64_t row = blockIdx.x;
+    int64_t t = targets[row];
+    float gr = t == ignore_index ? 0.f : g[row];
+    float x_target;
+    write_softmax_minus_onehot<T, VEC>(dlogits + row * V, logits + row * V, t, lse[row], gr, V, x_target);
+}
+
+// The fused classifier's loss and gradient in one kernel (engine/ops/classifier.py):
+// logits (N, V), targets (N,) -> losses (N,) float32 (0 where ignored), and logits overwritten in place
+// by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows, which are not read).
+// Pass 1 reads the row for its logsumexp; pass 2 reads it again and writes the gradient over it.
+// The loss (lse - x[t]) comes from the thread that reads x[t] in pass 2, before it overwrites it.
+template <typename T, bool VEC>
+__global__ void cross_entropy_with_grad_kernel(float* __restrict__ losses, T* logits,
+                                               const int64_t* __restrict__ targets, int64_t V, int64_t ignore_index) {
+    int64_t row = blockIdx.x;
+    T* xr = logits + row * V;
+    int64_t t = targets[row];  // the same for the whole block: no thread skips a barrier below
+    if (t == ignore_index) {
+        zero_row<T, VEC>(xr, V);
+        if (threadIdx.x == 0) losses[row] = 0.f;
+        return;
+    }
+    MaxSum ms = row_max_sum<T, VEC>(xr, V);
+    ms = blockDim.x == 32 ? warp_merge(ms) : block_merge(ms);
+    float lse = ms.m + logf(ms.s);
+    if (threadIdx.x == 0 && (t < 0 || t >= V)) losses[row] = NAN;  // out-of-range target: visible, no host sync
+    float x_target;
+    if (write_softmax_minus_onehot<T, VEC>(xr, xr, t, lse, 1.f, V, x_target)) losses[row] = lse - x_target;
+}
+
+// out (n,) = x (n,) * factor[0] with float32 arithmetic, x and out of T (they may be one buffer).
+// The fused classifier's backward: its gradients (bf16 under autocast) times the loss's float32
+// gradient, which lives on the device.
+template <typename T, bool VEC>
+__global__ void scale_kernel(T* out, const T* x, const float* __restrict__ factor, int64_t n) {
+    float s = *factor;
+    int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+    if constexpr (VEC) {
+        constexpr int W = kVec<T>;
+        const uint4* xv = reinterpret_cast<const uint4*>(x);
+        uint4* ov = reinterpret_cast<uint4*>(out);
+        for (int64_t c = first; c < n / W; c += step) {
+            float f[W];
+            unpack(f, xv[c]);
+#pragma unroll
+            for (int i = 0; i < W; ++i) f[i] *= s;
+            ov[c] = pack(f);
+        }
+    } else {
+        for (int64_t j = first; j < n; j += step) out[j] = (T)(ldf(x, j) * s);
+    }
+}
+
+int threads_for(int64_t L) {
+    if (L <= 256) return 32;
+    if (L <= 2048) return 128;
+    return 512;
+}
+
+// whether rows of V elements of T can be read 16 bytes at a time
+template <typename T>
+bool vectorizable(const void* p, const void* q, int64_t V) {
+    auto a = reinterpret_cast<std::uintptr_t>(p) | reinterpret_cast<std::uintptr_t>(q);
+    return V % kVec<T> == 0 && a % 16 == 0;
+}
+
+template <typename T>
+void ce_forward(int device, float* losses, float* lse, const T* logits, const int64_t* targets, int64_t N, int64_t V,
+                int64_t ignore_index) {
+    if (N == 0) return;
+    use_device(device);
+    cudaStream_t st = stream(device);
+    if (vectorizable<T>(logits, logits, V))
+        cross_entropy_forward_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(losses, lse, logits, targets, V,
+                                                                                     ignore_index);
+    else
+        cross_entropy_forward_kernel<T, false><<<(unsigned)N, threads_for(V), 0, st>>>(losses, lse, logits, targets, V,
+                                                                                      ignore_index);
+    check_launch("cross_entropy");
+}
+
+template <typename T>
+void ce_backward(int device, T* dlogits, const T* logits, const int64_t* targets, const float* lse, const float* g,
+                 int64_t N, int64_t V, int64_t ignore_index) {
+    if (N == 0) return;
+    use_device(device);
+    cudaStream_t st = stream(device);
+    if (vectorizable<T>(logits, dlogits, V))
+        cross_entropy_backward_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(dlogits, logits, targets, lse, g,
+                                                                                      V, ignore_index);
+    else
+        cross_entropy_backward_kernel<T, false><<<(unsigned)N, threads_for(V), 0, st>>>(dlogits, logits, targets, lse,
+                                                                                       g, V, ignore_index);
+    check_launch("cross_entropy_backward");
+}
+
+
+template <typename T>
+void ce_with_grad(int device, float* losses, T* logits, const int64_t* targets, int64_t N, int64_t V,
+                  int64_t ignore_index) {
+    if (N == 0) return;
+    use_device(device);
+    cudaStream_t st = stream(device);
+    if (vectorizable<T>(logits, logits, V))
+        cross_entropy_with_grad_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(losses, logits, targets, V,
+                                                                                       ignore_index);
+    else
+        cross_entropy_with_grad_kernel<T, false><<<(unsigned)N, threads_for(V), 0, st>>>(losses, logits, targets, V,
+                                                                                        ignore_index);
+    check_launch("cross_entropy_with_grad_");
+}
+
+template <typename T>
+void scale_by(int device, T* out, const T* x, const float* factor, int64_t n) {
+    if (n == 0) return;
+    use_device(device);
+    cudaStream_t st = stream(device);
+    if (vectorizable<T>(out, x, n))
+        scale_kernel<T, true><<<blocks_for(n / kVec<T>, 256), 256, 0, st>>>(out, x, factor, n);
+    else
+        scale_kernel<T, false><<<blocks_for(n, 256), 256, 0, st>>>(out, x, factor, n);
+    check_launch("scale");
+}
+
+}  // namespace
+
+void softmax_forward(int device, float* out, const float* x, int64_t N, int64_t L, bool log) {
+    if (N == 0 || L == 0) return;
+    use_device(device);
+    softmax_forward_kernel<<<(unsigned)N, threads_for(L), 0, stream(device)>>>(out, x, L, log);
+    check_launch(log ? "log_softmax" : "softmax");
+}
+
+void softmax_backward(int device, float* dx, const float* y, const float* g, int64_t N, int64_t L, bool log) {
+    if (N == 0 || L == 0) return;
+    use_device(device);
+    softmax_backward_kernel<<<(unsigned)N, threads_for(L), 0, stream(device)>>>(dx, y, g, L, log);
+    check_launch(log ? "log_softmax_backward" : "softmax_backward");
+}
+
+void cross_entropy_forward(int device, float* losses, float* lse, const float* logits, const int64_t* targets,
+                           int64_t N, int64_t V, int64_t ignore_index) {
+    ce_forward<float>(device, losses, lse, logits, targets, N, V, ignore_index);
+}
+
+void cross_entropy_backward(int device, float* dlogits, const float* logits, const int64_t* targets, const float* lse,
+                            const float* g, int64_t N, int64_t V, int64_t ignore_index) {
+    ce_backward<float>(device, dlogits, logits, targets, lse, g, N, V, ignore_index);
+}
+
+void cross_entropy_forward_dt(int device, int dtype, float* losses, float* lse, const void* logits,
+                              const int64_t* targets, int64_t N, int64_t V, int64_t ignore_index) {
+    if (dtype == F32) return ce_forward<float>(device, losses, lse, (const float*)logits, targets, N, V, ignore_index);
+    if (dtype != BF16) unsupported("cross_entropy", dtype);
+    ce_forward<__nv_bfloat16>(device, losses, lse, (const __nv_bfloat16*)logits, targets, N, V, ignore_index);
+}
+
+void cross_entropy_backward_dt(int device, int dtype, void* dlogits, const void* logits, const int64_t* targets,
+                               const float* lse, const float* g, int64_t N, int64_t V, int64_t ignore_index) {
+    if (dtype == F32)
+        return ce_backward<float>(device, (float*)dlogits, (const float*)logits, targets, lse, g, N, V, ignore_index);
+    if (dtype != BF16) unsupported("cross_entropy_backward", dtype);
+    ce_backward<__nv_bfloat16>(device, (__nv_bfloat16*)dlogits, (const __nv_bfloat16*)logits, targets, lse, g, N, V,
+                               ignore_index);
+}
+
+void cross_entropy_with_grad_dt(int device, int dtype, float* losses, void* logits, const int64_t* targets, int64_t N,
+                                int64_t V, int64_t ignore_index) {
+    if (dtype == F32) return ce_with_grad<float>(device, losses, (float*)logits, targets, N, V, ignore_index);
+    if (dtype != BF16) unsupported("cross_entropy_with_grad_", dtype);
+    ce_with_grad<__nv_bfloat16>(device, losses, (__nv_bfloat16*)logits, targets, N, V, ignore_index);
+}
+
+void scale_dt(int device, int dtype, void* out, const void* x, const float* factor, int64_t n) {
+    if (dtype == F32) return scale_by<float>(device, (float*)out, (const float*)x, factor, n);
+    if (dtype != BF16) unsupported("scale", dtype);
+    scale_by<__nv_bfloat16>(device, (__nv_bfloat16*)out, (const __nv_bfloat16*)x, factor, n);
+}
+
+}  // namespace engine
