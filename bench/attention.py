@@ -1,8 +1,8 @@
 """The fused causal attention alone, forward and backward, bf16, on one GPU: engine's kernels next to
 PyTorch's scaled_dot_product_attention (cuDNN and FlashAttention backends) from the same run.
 
-Engine rows: the Hopper kernels (csrc/cuda/attention_wgmma.cu) and the mma.sync kernels
-(csrc/cuda/attention_mma.cu) they replace. Prints one
+Engine rows: the Hopper kernels (csrc/cuda/attention/attention_wgmma.cu) and the mma.sync kernels
+(csrc/cuda/attention/attention_mma.cu) they replace. Prints one
 JSON line per implementation: ms per call (mean over --iters after --warmup), TFLOP/s counting the
 causal half of the (B, H, T, T) products, and the ratio to PyTorch's fastest backend (above 1 is
 faster than PyTorch).
@@ -42,15 +42,15 @@ def bench_engine(B, H, T, D, iters, warmup, wgmma: bool) -> dict:
     q, k, v, g = (gpu.astype(gpu.from_numpy(rng.standard_normal((B, H, T, D)).astype(np.float32)), engine.bfloat16)
                   for _ in range(4))
     scale = D ** -0.5
-    prev = gpu._C.attention_wgmma_forward(wgmma), gpu._C.attention_wgmma_backward(wgmma)
+    prev = gpu.attention_wgmma_forward(wgmma), gpu.attention_wgmma_backward(wgmma)
     try:
         out, lse, _ = gpu.attention(q, k, v, True, scale)
         fwd = _time(lambda: gpu.attention(q, k, v, True, scale), iters, warmup, engine.cuda.synchronize)
         bwd = _time(lambda: gpu.attention_backward(g, q, k, v, out, lse, True, scale), iters, warmup,
                     engine.cuda.synchronize)
     finally:
-        gpu._C.attention_wgmma_forward(prev[0])
-        gpu._C.attention_wgmma_backward(prev[1])
+        gpu.attention_wgmma_forward(prev[0])
+        gpu.attention_wgmma_backward(prev[1])
     name = "engine wgmma" if wgmma else "engine mma.sync"
     return {"impl": name, "fwd_ms": round(fwd, 4), "bwd_ms": round(bwd, 4)}
 
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     B, H, T, D = args.batch, args.heads, args.seq, args.head_dim
     flops_fwd = 4 * B * H * T * T * D / 2  # S = Q K^T and P V over the causal half
     rows = []
-    for wgmma in (True, False) if gpu._C.attention_wgmma_built() else (False,):
+    for wgmma in (True, False) if gpu.attention_wgmma_built() else (False,):
         rows.append(bench_engine(B, H, T, D, args.iters, args.warmup, wgmma))
     if not args.no_torch:
         try:

@@ -5,14 +5,14 @@ import argparse
 import importlib
 import sys
 
+import engine.__main__ as engine_info
+
 # subcommand modules, each with add_parser(subparsers) that sets `run`
 SUBCOMMANDS = ["coop.train", "coop.simulate", "coop.gossip.cli"]
 
 
 def _info(args) -> int:
-    import engine.__main__ as info
-
-    info.main()
+    engine_info.main()
     return 0
 
 

@@ -105,14 +105,14 @@ class Replica:
     def load_global(self, global_weights: dict[str, np.ndarray]) -> None:
         load_weights(self.model, global_weights)
 
-    def run_round(self, global_weights: dict[str, np.ndarray], steps: int) -> RoundResult:
-        """Start from the global weights, take `steps` inner steps, return the pseudo-gradient."""
+    def run_round(self, global_weights: dict[str, np.ndarray], inner_steps: int) -> RoundResult:
+        """Start from the global weights, take `inner_steps` (K) inner steps, return the pseudo-gradient."""
         start = time.perf_counter()
         self.load_global(global_weights)
-        losses = [self.train_step() for _ in range(steps)]
+        losses = [self.train_step() for _ in range(inner_steps)]
         losses = [float(v) for v in engine.stack(losses).numpy()] if losses else []  # one sync per round
         delta = pseudo_gradient(global_weights, self.weights())
-        return RoundResult(delta, steps * self.inner.batch_size * self.inner.block_size, losses,
+        return RoundResult(delta, inner_steps * self.inner.batch_size * self.inner.block_size, losses,
                            time.perf_counter() - start)
 
     def evaluate(self, data: TokenDataset, batches: int = 8, seed: int = 1234) -> float:

@@ -24,8 +24,9 @@ import copy
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -35,11 +36,16 @@ from pydantic import (
     model_validator,
 )
 
-if TYPE_CHECKING:  # the engine is imported only by the methods that build things
-    from coop.codec import Codec
-    from coop.diloco import NesterovSGD
-    from coop.replica import InnerConfig
-    from engine.nn import GPTConfig
+from coop.codec import Codec, get_codec
+from coop.diloco import NesterovSGD
+from coop.replica import InnerConfig
+from engine.data import BPETokenizer, CharTokenizer, default_corpus
+from engine.nn import GPTConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 
 class Section(BaseModel):
@@ -77,8 +83,6 @@ class DataSection(Section):
     iid_shards: bool = True  # deal blocks round-robin so that every shard spans the whole corpus
 
     def corpus_text(self) -> str:
-        from engine.data import default_corpus
-
         if self.path == "default":
             return default_corpus(self.default_chars)
         path = Path(self.path)
@@ -89,8 +93,6 @@ class DataSection(Section):
 
     def new_tokenizer(self, text: str):
         """A tokenizer made for `text`: characters, or byte-level BPE trained to `vocab_size`."""
-        from engine.data import BPETokenizer, CharTokenizer
-
         if self.tokenizer == "char":
             return CharTokenizer.from_text(text)
         return BPETokenizer.train(texts=[text], vocab_size=self.vocab_size)
@@ -134,8 +136,6 @@ class CompressionSection(Section):
 
     @model_validator(mode="after")
     def _codec_accepts_options(self) -> CompressionSection:
-        from coop.codec import get_codec
-
         get_codec(self.codec, **self.options)  # raises ValueError with the codec's own message
         return self
 
@@ -285,8 +285,6 @@ class RunConfig(Section):
 
     # -- what the transports build from it -------------------------------------------------------
     def gpt_config(self, tokenizer_vocab_size: int) -> GPTConfig:
-        from engine.nn import GPTConfig
-
         vocab = self.model.vocab_size or tokenizer_vocab_size
         if vocab < tokenizer_vocab_size:
             raise ValueError(f"model.vocab_size {vocab} is smaller than the tokenizer's {tokenizer_vocab_size}; "
@@ -294,20 +292,14 @@ class RunConfig(Section):
         return GPTConfig(vocab_size=vocab, **self.model.model_dump(exclude={"vocab_size"}))
 
     def inner_config(self) -> InnerConfig:
-        from coop.replica import InnerConfig
-
         return InnerConfig(**self.inner.model_dump(exclude={"inner_steps", "total_steps"}),
                            total_steps=self.inner_total_steps(), block_size=self.model.block_size)
 
     def outer_optimizer(self) -> NesterovSGD:
-        from coop.diloco import NesterovSGD
-
         o = self.outer
         return NesterovSGD(o.lr, o.momentum, o.nesterov, o.warmup_steps)
 
     def codec(self) -> Codec:
-        from coop.codec import get_codec
-
         return get_codec(self.compression.codec, **self.compression.options)
 
 
@@ -336,14 +328,8 @@ def load_run_config(path: str | Path) -> RunConfig:
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # pragma: no cover - Python 3.10
-                import tomli as tomllib
             raw = tomllib.loads(text)
         elif suffix in (".yaml", ".yml"):
-            import yaml
-
             raw = yaml.safe_load(text)
         elif suffix == ".json":
             raw = json.loads(text)

@@ -8,7 +8,6 @@ worker asks `GET URL/v1/info` what it is talking to and behaves accordingly.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
@@ -19,7 +18,11 @@ from pathlib import Path
 
 import httpx
 
+import engine
 from coop import __version__
+from coop.cli import run_command
+from coop.coordinator.worker import WorkerOptions, run_worker
+from coop.gossip import peer
 
 
 def add_shared_options(parser: argparse.ArgumentParser) -> None:
@@ -96,8 +99,6 @@ def join_command(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.token = args.token or os.environ.get("COOP_TOKEN")
     if args.device.startswith("cuda"):
-        import engine
-
         if not engine.cuda.is_available():
             print(f"coop-worker: --device {args.device} but CUDA is not available: "
                   f"{engine.cuda.unavailable_reason()}", file=sys.stderr)
@@ -108,18 +109,7 @@ def join_command(args) -> int:
     except KeyboardInterrupt:
         return 130
     if info["kind"] == "peer":
-        try:
-            peer = importlib.import_module("coop.gossip.peer")
-        except ModuleNotFoundError as error:
-            if error.name not in ("coop.gossip", "coop.gossip.peer"):
-                raise
-            print(f"coop-worker: {args.url} is a peer of a peer-to-peer run, but this coop has no peer mode "
-                  "(coop.gossip.peer is missing); install a coop with it", file=sys.stderr)
-            return 2
         return int(peer.join(args.url, args) or 0)
-
-    from .coordinator.worker import WorkerOptions, run_worker
-
     options = WorkerOptions(url=args.url, token=args.token, name=args.name, device=args.device,
                             cache_dir=_cache_dir(args), max_rounds=args.max_rounds, retry_for_s=args.retry_for,
                             timeout_s=args.timeout, quiet=args.quiet)
@@ -127,8 +117,6 @@ def join_command(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from coop.cli import run_command
-
     return run_command(build_parser(), argv)
 
 

@@ -20,6 +20,11 @@ from pathlib import Path
 import uvicorn
 
 from coop import __version__
+from coop.cli import run_command
+from coop.runconfig import EXAMPLE_TOML, ConfigError, load_run_config
+
+from .app import create_app
+from .service import Coordinator
 
 log = logging.getLogger("coop.coordinator")
 
@@ -50,8 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _example(args) -> int:
-    from coop.runconfig import EXAMPLE_TOML
-
     sys.stdout.write(EXAMPLE_TOML)
     return 0
 
@@ -66,11 +69,6 @@ def _read_token(args) -> str | None:
 
 
 def _serve(args) -> int:
-    from coop.runconfig import ConfigError, load_run_config
-
-    from .app import create_app
-    from .service import Coordinator
-
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_run_config(args.config) if args.config else None
@@ -118,8 +116,6 @@ class ExitingServer(uvicorn.Server):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from coop.cli import run_command
-
     return run_command(build_parser(), argv)
 
 

@@ -1,12 +1,5 @@
-"""`coop simulate`: N DiLoCo replicas in one process, against the baselines, on one token budget.
-
-Each round every taking-part replica starts from the merged weights, takes K inner steps on its
-own shard, and sends its pseudo-gradient through the codec (encode -> decode, bytes counted
-exactly); the merge (a topology: `star` = one global model and the outer optimizer, as the HTTP
-coordinator does; `gossip` = coop.gossip.merge) makes the next round's weights. Baselines on the
-same tokens: `ddp` (one model stepping on the concatenation of the N replicas' batches, drawn from
-the same shards with the same RNGs: what synchronous data-parallel computes) and `single` (one
-replica alone). Metrics go to OUT/metrics.jsonl, OUT/plot.png and a summary table.
+"""`coop simulate`: N DiLoCo replicas in one process, against the ddp / single baselines, on one
+token budget (what a run does, as `coop simulate -h` says it: cli.DESCRIPTION).
 
     config.py     SimulateConfig: every option of an invocation
     setup.py      what the runs share: data, shards, the initial model, the eval windows

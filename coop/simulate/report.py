@@ -128,7 +128,7 @@ def format_table(rows: list[dict], reference: str = "ddp") -> str:
 def write_plot(records: Iterable[dict], path: str | os.PathLike[str], title: str = "") -> Path:
     """Two panels: val loss against tokens (all replicas together), and against bytes
     communicated per replica (sent + received, log x; runs that send nothing are left out)."""
-    import matplotlib
+    import matplotlib  # imported here: slow to import, and only the plot needs it
 
     matplotlib.use("Agg")  # no display needed; never opens a window
     import matplotlib.pyplot as plt

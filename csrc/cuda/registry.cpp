@@ -6,7 +6,7 @@
 //   m.def("<op>", [](int device, [int op,] [int dtype,] <outputs>, <inputs>, <sizes>, <options>) {...})
 // - device first: the CUDA device index. No stream argument: the launcher queues on stream(device),
 //   the device's one stream, and never waits for it.
-// - dtype as the DType code of runtime/types.h (engine/backends/cuda.py's _CODE); a sub-op (which
+// - dtype as the DType code of runtime/types.h (engine/backends/cuda/'s _CODE); a sub-op (which
 //   binary, unary or epilogue) as its enum's int, before the dtype.
 // - buffers as device addresses: plain ints (`addr`), outputs before inputs, 0 for an absent operand;
 //   P<T>(addr) turns one into the launcher's pointer. Lists of tensors (the multi-tensor ops) as a list

@@ -1,7 +1,7 @@
 """Philox4x32-10 (Salmon et al., 2011) in numpy, bit for bit the device function of
 csrc/cuda/philox.cuh, and the attention-dropout keep rule built on it.
 
-The fused attention kernels (csrc/cuda/attention.cu) and the CPU reference (cpu/attention.py) both draw the
+The fused attention kernels (csrc/cuda/attention/) and the CPU reference (cpu/attention.py) both draw the
 dropout mask of element (bh, query, key) from here, so the two backends agree element for element
 given the same key:
   - one Philox call, counter (key // 8, query, bh, ATTENTION_STREAM) and the 64-bit draw key,

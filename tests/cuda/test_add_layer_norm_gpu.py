@@ -1,4 +1,4 @@
-"""The fused residual add + layer norm (F.add_layer_norm; csrc/cuda/layernorm.cu with res / dres) on
+"""The fused residual add + layer norm (F.add_layer_norm; csrc/cuda/layernorm/layernorm.cu with res / dres) on
 the GPU, forward and backward, against the unfused path (x + r, then F.layer_norm) on the GPU and
 against the CPU backend, for each layer-norm kernel: the 16-byte ones (C a multiple of 8 bf16 / 4
 float32 values), the per-column ones, and the wide backward (C > 1024).

@@ -1,4 +1,4 @@
-"""Attention dropout inside the fused kernels (csrc/cuda/attention.cu), forward and backward.
+"""Attention dropout inside the fused kernels (csrc/cuda/attention/), forward and backward.
 
 What is checked:
 - the mask kernel (attention_dropout_mask) draws exactly the CPU reference's mask for a seed;

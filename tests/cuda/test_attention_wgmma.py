@@ -1,4 +1,4 @@
-"""The Hopper attention kernels (csrc/cuda/attention_wgmma.cu, wgmma, head dim 64), forward and
+"""The Hopper attention kernels (csrc/cuda/attention/attention_wgmma.cu, wgmma, head dim 64), forward and
 backward, against the CPU reference and against the mma.sync kernels they replace.
 Tolerance as test_attention.py's bf16: 3e-2 of the largest reference value (inputs rounded to bf16
 on both sides, probabilities rounded to bf16 before the products on the GPU only)."""

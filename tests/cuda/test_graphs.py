@@ -1,4 +1,4 @@
-"""CUDA graphs (engine/graphs.py): a captured training step against eager steps, dropout across
+"""CUDA graphs (engine/graphs/): a captured training step against eager steps, dropout across
 replays, compiled blocks as autograd nodes (GPU and CPU tensors), and the eager fallback.
 
 Equality: an MLP step has no atomics anywhere (matmuls, GELU, reductions, AdamW), so its captured

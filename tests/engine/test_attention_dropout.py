@@ -1,4 +1,4 @@
-"""Attention dropout of the fused attention op, on the CPU reference (engine/backends/cpu.py):
+"""Attention dropout of the fused attention op, on the CPU reference (engine/backends/cpu/attention.py):
 
 - the numpy Philox4x32-10 (engine/backends/philox.py) against Random123's known answers and a
   scalar re-implementation, and the keep rule's counter / 16-bit lane layout (the CUDA kernels

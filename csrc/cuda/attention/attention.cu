@@ -85,7 +85,7 @@ void check_shape(const char* op, int dtype, int D, int T_, int S) {
 }
 
 // the fused kernels with dropout: bf16 and TF32 float32 only (the `precise` float32 variants would
-// double the dropout instantiations; engine/backends/cuda.py sends that case to its unfused path)
+// double the dropout instantiations; engine/backends/cuda/ sends that case to its unfused path)
 void check_dropout(const char* op, float p, int dtype, bool precise, const void* key) {
     if (p <= 0.f) return;
     if (precise && dtype == F32)

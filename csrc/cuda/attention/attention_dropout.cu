@@ -27,7 +27,7 @@ __global__ void attention_dropout_mask_kernel(float* __restrict__ out, int64_t B
 }
 
 // *key_out = the draw key of `seed` (mixed with the graph epoch while capturing): what a fused
-// forward writes, for the unfused path (engine/backends/cuda.py) that materialises the mask
+// forward writes, for the unfused path (engine/backends/cuda/) that materialises the mask
 __global__ void attention_rng_key_kernel(uint64_t* key_out, uint64_t seed, const uint64_t* epoch) {
     *key_out = draw_key(seed, epoch);
 }

@@ -16,7 +16,7 @@ namespace py = pybind11;
 namespace engine {
 
 // A device address as Python passes it (DeviceBuffer.ptr plus an offset, computed in
-// engine/backends/cuda.py): a plain int, 0 for an absent (null) operand.
+// engine/backends/cuda/): a plain int, 0 for an absent (null) operand.
 using addr = std::uintptr_t;
 
 // an address as the launcher's pointer type

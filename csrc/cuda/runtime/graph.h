@@ -1,5 +1,5 @@
 // CUDA graphs for engine: capture the work one Python call queues on a device's stream, replay it
-// with one launch (engine/graphs.py is the Python side: CapturedStep, compile_block).
+// with one launch (engine/graphs/ is the Python side: CapturedStep, compile_block).
 //
 // What makes a replay correct:
 //  - memory: the graph's allocations come from a private pool (runtime.h) that eager code never

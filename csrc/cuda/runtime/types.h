@@ -9,7 +9,7 @@
 
 namespace engine {
 
-// dtype codes shared with engine/backends/cuda.py (_CODE)
+// dtype codes shared with engine/backends/cuda/ (_CODE)
 enum DType : int { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I64 = 4, I32 = 5, U8 = 6, BOOL = 7 };
 
 inline const char* dtype_name(int d) {

@@ -3,7 +3,7 @@
 attention / attention_backward over (..., T, D) heads, attention_qkv / attention_qkv_backward
 straight from a packed (B, T, 3C) projection, optional dropout inside the kernels
 (attention_dropout_mask materialises its mask), and the composite path for what the fused kernels
-do not take (csrc/cuda/attention.cu, attention_mma.cu).
+do not take (csrc/cuda/attention/attention.cu, attention_mma.cu).
 """
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def _flat_heads(x: CudaArray) -> tuple:
 def attention(q: CudaArray, k: CudaArray, v: CudaArray, causal: bool, scale: float, dropout_p: float = 0.0,
               seed: int = 0):
     """q (..., T, D), k (..., S, D), v (..., S, D) -> out (..., T, D), lse (..., T) float32, rng.
-    Flash-style kernel: the T x S scores never reach memory (csrc/cuda/attention.cu). With
+    Flash-style kernel: the T x S scores never reach memory (csrc/cuda/attention/). With
     dropout_p > 0 rng is a (1,) int64 array holding the Philox key the kernel used (the seed, moved
     by the graph epoch while capturing), for the backward; without dropout it is None."""
     _check_dropout_p("attention", dropout_p)
