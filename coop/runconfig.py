@@ -131,7 +131,7 @@ class OuterSection(Section):
 
 
 class CompressionSection(Section):
-    codec: Literal["fp32", "fp16", "bf16", "int8", "topk"] = "fp32"
+    codec: Literal["fp32", "fp16", "bf16", "int8", "int4", "topk", "topk8"] = "fp32"
     options: dict[str, Any] = Field(default_factory=dict)  # e.g. {block_size = 256} or {ratio = 0.01}
 
     @model_validator(mode="after")
@@ -372,7 +372,7 @@ lr = 0.7
 momentum = 0.9
 
 [compression]
-codec = "int8"     # fp32, fp16, bf16, int8, topk
+codec = "int8"     # fp32, fp16, bf16, int8, int4, topk, topk8 (int4 and the top-k codecs: error feedback)
 options = { block_size = 256 }
 
 [rounds]

@@ -30,7 +30,8 @@ HELP = {
     "split": "iid | contiguous (non-iid shards)", "topology": "star (one global model) | gossip",
     "gossip_group_size": "gossip: replicas averaging together each round",
     "gossip_mix": "gossip: also average the group's weights",
-    "compression": "codec(s) of the pseudo-gradients: fp32 fp16 bf16 int8 topk; one DiLoCo run each",
+    "compression": "codec(s) of the pseudo-gradients: fp32 fp16 bf16 int8 int4 topk topk8; one DiLoCo run each "
+                   "(int4, topk, topk8 with error feedback)",
     "downlink": "codec of the merged update sent back to the replicas",
     "drop_prob": "chance that a replica misses a round",
     "join_at": "replica:round, a replica that arrives late, e.g. --join-at 3:5 2:8",

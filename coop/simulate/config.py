@@ -32,7 +32,8 @@ class SimulateConfig:
     gossip_mix: bool = True  # gossip also averages the group's weights (as the peers do by default)
     compression: list[str] = field(default_factory=lambda: ["fp32"])  # one DiLoCo run per codec
     int8_block: int = 256
-    topk_ratio: float = 0.01
+    int4_block: int = 64
+    topk_ratio: float = 0.01  # topk and topk8
     downlink: str = "fp32"  # codec of the merged update sent back (fp32 = the full new weights' size)
     drop_prob: float = 0.0  # chance a replica misses a round
     join_at: list[str] = field(default_factory=list)  # "replica:round": absent before that round
@@ -105,5 +106,6 @@ class SimulateConfig:
 
 
 def codec_for(cfg: SimulateConfig, name: str) -> Codec:
-    options = {"int8": {"block_size": cfg.int8_block}, "topk": {"ratio": cfg.topk_ratio}}.get(name, {})
+    options = {"int8": {"block_size": cfg.int8_block}, "int4": {"block_size": cfg.int4_block},
+               "topk": {"ratio": cfg.topk_ratio}, "topk8": {"ratio": cfg.topk_ratio}}.get(name, {})
     return get_codec(name, **options)

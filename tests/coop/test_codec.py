@@ -8,8 +8,10 @@ import pytest
 from coop.codec import (
     CODECS,
     BF16Codec,
+    Int4Codec,
     Int8Codec,
     TopKCodec,
+    TopKInt8Codec,
     bf16_bits_to_float32,
     decode,
     float32_to_bf16_bits,
@@ -33,6 +35,10 @@ ALL_CODECS = [
     ("int8", {"block_size": 7}),
     ("topk", {"ratio": 0.1}),
     ("topk", {"ratio": 1.0}),
+    ("int4", {}),
+    ("int4", {"block_size": 5}),
+    ("topk8", {"ratio": 0.1}),
+    ("topk8", {"ratio": 1.0, "block_size": 3}),
 ]
 
 
@@ -58,6 +64,9 @@ def test_payload_bytes_formulas():
     assert get_codec("bf16").payload_nbytes(shapes) == 2 * n
     assert get_codec("int8", block_size=256).payload_nbytes(shapes) == n + 4 * 4  # ceil(1000/256) = 4 scales
     assert get_codec("topk", ratio=0.01).payload_nbytes(shapes) == 8 * 10
+    assert get_codec("int4", block_size=64).payload_nbytes(shapes) == 500 + 4 * 16  # ceil(1000/64) = 16 scales
+    assert get_codec("int4", block_size=64).payload_nbytes({"w": (7,)}) == 4 + 4  # an odd count pads a nibble
+    assert get_codec("topk8", ratio=0.1, block_size=64).payload_nbytes(shapes) == 5 * 100 + 4 * 2
 
 
 def test_fp32_is_lossless():
@@ -258,3 +267,92 @@ def test_decode_refuses_malformed_encodings(codec, mutate, message):
     mutate(tensors, metadata)
     with pytest.raises(WireError, match=message):
         decode(tensors, metadata, expected_shapes={"w": (10,)})
+
+
+# -- int4 and topk8: block-scaled low-bit codes with error feedback ---------------------------
+
+
+def test_int4_error_bound_per_block_without_feedback():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(1000) * np.repeat(rng.uniform(0.01, 10, 16), 63)[:1000]).astype(np.float32)
+    codec = Int4Codec(block_size=64, error_feedback=False)
+    encoded = codec.encode({"x": x})
+    y = codec.decode(encoded.tensors, encoded.metadata)["x"]
+    for start in range(0, 1000, 64):
+        block = x[start : start + 64]
+        bound = np.abs(block).max() / 14 * (1 + 1e-6)
+        assert np.abs(block - y[start : start + 64]).max() <= bound
+    assert encoded.tensors["x.q4"].dtype == np.uint8 and encoded.tensors["x.q4"].size == 500
+    assert codec.residual == {}  # without error feedback nothing is kept
+
+
+@pytest.mark.parametrize("name, options", [("int4", {"block_size": 8}), ("topk8", {"ratio": 0.1, "block_size": 4}),
+                                           ("topk", {"ratio": 0.1})])
+def test_error_feedback_keeps_exactly_what_was_not_sent(name, options):
+    codec = get_codec(name, **options)
+    rounds = [sample_update(seed) for seed in range(12)]
+    sent = {n: np.zeros(shape, np.float64) for n, shape in SHAPES.items()}
+    for update in rounds:
+        before = {n: r.copy() for n, r in codec.residual.items()}
+        encoded = codec.encode(update)
+        decoded = codec.decode(encoded.tensors, encoded.metadata, SHAPES)
+        for n, shape in SHAPES.items():  # update + old residual == sent + new residual
+            np.testing.assert_allclose(update[n].reshape(-1) + before.get(n, 0.0),
+                                       decoded[n].reshape(-1) + codec.residual[n], rtol=0, atol=1e-7)
+            sent[n] += decoded[n]
+    for n, shape in SHAPES.items():  # over the rounds: nothing lost, only delayed
+        total = sum(update[n].astype(np.float64) for update in rounds)
+        np.testing.assert_allclose(sent[n] + codec.residual[n].reshape(shape), total, rtol=0, atol=2e-6)
+
+
+def test_int4_feedback_beats_plain_rounding_over_rounds():
+    # a constant update smaller than half a step of its block: plain int4 rounds it to zero every
+    # round; with error feedback it accumulates and is sent
+    x = np.full(64, 0.01, np.float32)
+    x[0] = 1.0  # scale 1/7: 0.01 is far below half a step (0.071)
+    plain, fed = Int4Codec(error_feedback=False), Int4Codec()
+    sums = {"plain": np.zeros(64), "fed": np.zeros(64)}
+    for _ in range(50):
+        for key, codec in (("plain", plain), ("fed", fed)):
+            encoded = codec.encode({"x": x})
+            sums[key] += codec.decode(encoded.tensors, encoded.metadata)["x"]
+    assert np.allclose(sums["plain"][1:], 0.0)
+    np.testing.assert_allclose(sums["fed"][1:], 50 * 0.01, atol=1 / 7)  # within one step of the truth
+
+
+def test_topk8_sends_k_entries_rounded_to_int8():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(1000).astype(np.float32)
+    codec = TopKInt8Codec(ratio=0.05, block_size=16, error_feedback=False)
+    encoded = codec.encode({"x": x})
+    y = codec.decode(encoded.tensors, encoded.metadata)["x"]
+    index = encoded.tensors["x.idx"]
+    assert index.size == 50 and np.count_nonzero(y) <= 50
+    assert set(index.tolist()) == set(np.argsort(-np.abs(x))[:50].tolist())  # the 50 largest magnitudes
+    values = x[index]
+    for start in range(0, 50, 16):
+        block = values[start : start + 16]
+        assert np.abs(block - y[index][start : start + 16]).max() <= np.abs(block).max() / 254 * (1 + 1e-6)
+
+
+@pytest.mark.parametrize(
+    "codec, options, mutate, message",
+    [
+        ("int4", {}, lambda t, m: t.update({"x.q4": t["x.q4"][:-1]}), "x.q4"),
+        ("int4", {}, lambda t, m: t["x.q4"].__setitem__(0, 0x80), r"\[-7, 7\]"),  # low nibble 0 = code -8
+        ("int4", {}, lambda t, m: t["x.q4"].__setitem__(-1, 0x18), "padding"),  # the padding nibble must be 8
+        ("int4", {}, lambda t, m: t["x.scale"].__setitem__(0, -1.0), "finite and >= 0"),
+        ("int4", {}, lambda t, m: t.update({"x.scale": t["x.scale"].astype(np.float64)}), "float32"),
+        ("int4", {}, lambda t, m: m.update(options={"block_size": 0}), "block_size"),
+        ("topk8", {"ratio": 0.3}, lambda t, m: t["x.idx"].__setitem__(0, 99), "indices"),
+        ("topk8", {"ratio": 0.3}, lambda t, m: t.update({"x.q": t["x.q"].astype(np.int16)}), "int8"),
+        ("topk8", {"ratio": 0.3}, lambda t, m: t["x.scale"].__setitem__(0, np.nan), "finite"),
+        ("topk8", {"ratio": 0.3}, lambda t, m: t.update({"x.idx": np.array([4, 2, 9], np.uint32)}), "strictly"),
+    ],
+)
+def test_low_bit_decode_refuses_malformed_encodings(codec, options, mutate, message):
+    encoded = get_codec(codec, **options).encode({"x": np.linspace(-1, 1, 11, dtype=np.float32)})
+    tensors, metadata = dict(encoded.tensors), dict(encoded.metadata)
+    mutate(tensors, metadata)
+    with pytest.raises(WireError, match=message):
+        decode(tensors, metadata, expected_shapes={"x": (11,)})
