@@ -27,7 +27,7 @@ HELP = {
     "data": "text file(s) (default: the embedded corpus of `coop train`)",
     "replicas": "N, replicas training together", "inner_steps": "K, inner steps between merges",
     "rounds": "R rounds (default 6)", "tokens": "token budget over all replicas, instead of --rounds",
-    "split": "iid | contiguous (non-iid shards)", "topology": "star (one global model) | gossip",
+    "split": "iid | contiguous (non-iid shards) | whole (every replica samples the whole train split)", "topology": "star (one global model) | gossip",
     "gossip_group_size": "gossip: replicas averaging together each round",
     "gossip_mix": "gossip: also average the group's weights",
     "compression": "codec(s) of the pseudo-gradients: fp32 fp16 bf16 int8 int4 topk topk8; one DiLoCo run each "

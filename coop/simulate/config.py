@@ -26,7 +26,9 @@ class SimulateConfig:
     inner_steps: int = 50  # K
     rounds: int | None = None  # R; default 6, or from --tokens
     tokens: int | None = None  # budget over all replicas; rounds = ceil(tokens / (N K B T))
-    split: str = "iid"  # "iid" (blocks dealt round-robin) or "contiguous" (non-iid shards)
+    # "iid" (blocks dealt round-robin), "contiguous" (non-iid shards), or "whole": every replica
+    # samples its windows from the whole train split with its own RNG (as the PyTorch reference does)
+    split: str = "iid"
     topology: str = "star"  # "star" or "gossip"
     gossip_group_size: int = 2
     gossip_mix: bool = True  # gossip also averages the group's weights (as the peers do by default)
@@ -63,7 +65,7 @@ class SimulateConfig:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        checks = [("split", self.split, self.split in ("iid", "contiguous"), "iid or contiguous"),
+        checks = [("split", self.split, self.split in ("iid", "contiguous", "whole"), "iid, contiguous or whole"),
                   ("topology", self.topology, self.topology in ("star", "gossip"), "star or gossip"),
                   ("weight-by", self.weight_by, self.weight_by in ("tokens", "equal"), "tokens or equal"),
                   ("baseline", self.baseline, set(self.baseline) <= {"ddp", "single", "none"},

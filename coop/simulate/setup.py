@@ -49,7 +49,8 @@ def build_setup(cfg: SimulateConfig) -> Setup:
     n = cfg.replicas
     # iid: ~16 blocks per replica dealt round-robin, so each shard samples the whole corpus
     block_tokens = max(cfg.block_size + 1, min(1 << 16, len(train) // (16 * n)))
-    shards = [train.shard(i, n, iid=cfg.split == "iid", block_tokens=block_tokens) for i in range(n)]
+    shards = [train if cfg.split == "whole" else train.shard(i, n, iid=cfg.split == "iid", block_tokens=block_tokens)
+              for i in range(n)]
     if min(len(s) for s in shards) < cfg.block_size + 1 or len(val) < cfg.block_size + 1:
         raise SystemExit(f"coop simulate: {len(train):,} train / {len(val):,} val tokens are too few for "
                          f"{n} shards of block size {cfg.block_size}; give more text or a smaller --block-size")

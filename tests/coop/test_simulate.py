@@ -184,3 +184,15 @@ def test_gossip_with_one_group_is_the_star_merge_and_counts_partner_bytes(setup)
 def test_replica_class_is_the_one_the_workers_use():
     assert issubclass(sim.DataParallelReplica, Replica)
     assert json.dumps(sim.SimulateConfig().__dict__)  # the config is plain data (logged, compared)
+
+
+def test_whole_split_samples_every_replica_from_the_whole_train_split(tmp_path):
+    setup = sim.build_setup(config(tmp_path, split="whole"))
+    assert all(shard is setup.train for shard in setup.shards)
+    inner = sim.inner_config(setup.cfg, setup.cfg.batch_size, 10)
+    first, second = (sim.new_replica(setup, setup.shards[i], inner, sim.data_seed(0, i)) for i in range(2))
+    x0, x1 = first.next_batch()[0].numpy(), second.next_batch()[0].numpy()
+    assert x0.shape == x1.shape and not np.array_equal(x0, x1)  # one corpus, each replica its own windows
+    result = sim.run_diloco(setup, "fp32")
+    assert np.isfinite(result.records[-1]["val_loss"])
+    assert result.records[-1]["tokens"] == setup.cfg.tokens_per_round * setup.cfg.total_rounds  # cumulative
