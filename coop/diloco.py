@@ -77,7 +77,7 @@ def clip_by_global_norm(update: Weights, max_norm: float) -> tuple[dict[str, np.
 # Aggregation.
 
 RULES = ("mean", "trimmed_mean", "median", "centered_clip")
-DEFAULT_RULE = "trimmed_mean"  # the defaults, chosen by measurement: docs/results.md, "Robust aggregation"
+DEFAULT_RULE = "median"  # the defaults, chosen by measurement: docs/results.md, "Robust aggregation"
 DEFAULT_TRIM_FRACTION = 0.25
 DEFAULT_CLIP_FACTOR = 2.0
 DEFAULT_MIN_CONTRIBUTIONS = 3
@@ -89,11 +89,11 @@ class Aggregator:
     Each contribution is weighted by the tokens its replica processed (`add(update, weight=tokens)`),
     so a replica that trained on more data counts more. The `rule`:
 
-    - `"trimmed_mean"` (default, `trim_fraction` 0.25): coordinate-wise trimmed mean. For each
+    - `"median"` (default): coordinate-wise weighted median.
+    - `"trimmed_mean"` (`trim_fraction`, default 0.25): coordinate-wise trimmed mean. For each
       coordinate, the floor(trim_fraction * N) largest and as many smallest values among the N
       contributions are dropped and the rest averaged with their weights (with fewer than
       1 / trim_fraction contributions nothing is trimmed).
-    - `"median"`: coordinate-wise weighted median.
     - `"centered_clip"`: CenteredClip (coop.robust) from the coordinate-wise median.
     - `"mean"`: the plain weighted mean, streamed (see memory).
 

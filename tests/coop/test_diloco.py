@@ -141,7 +141,7 @@ def test_trimmed_mean_drops_extremes_per_coordinate():
     attacker = {"w": np.full(50, 1e6, np.float32)}
     attacker["w"][::2] = -1e6  # extreme on both sides, coordinate by coordinate
     updates = honest + [attacker]
-    robust = aggregate(updates, trim_fraction=0.2)  # floor(0.2 * 9) = 1 dropped at each end
+    robust = aggregate(updates, rule="trimmed_mean", trim_fraction=0.2)  # floor(0.2 * 9) = 1 dropped at each end
     naive = aggregate(updates, rule="mean")
     assert np.abs(robust["w"] - 1.0).max() < 0.5
     assert np.abs(naive["w"]).max() > 1e4
@@ -153,14 +153,14 @@ def test_trimmed_mean_drops_extremes_per_coordinate():
 def test_trimmed_mean_uses_the_survivors_weights():
     updates = [{"w": np.array([v], np.float32)} for v in (0.0, 1.0, 2.0, 3.0, 100.0)]
     weights = [1.0, 1.0, 3.0, 1.0, 1.0]
-    result = aggregate(updates, weights, trim_fraction=0.2)  # drops 0.0 and 100.0
+    result = aggregate(updates, weights, rule="trimmed_mean", trim_fraction=0.2)  # drops 0.0 and 100.0
     assert result["w"][0] == pytest.approx((1.0 + 3 * 2.0 + 3.0) / 5)
 
 
 def test_trimmed_mean_with_too_few_contributions_is_the_plain_mean():
     updates = [random_weights(seed) for seed in range(3)]
-    trimmed = aggregate(updates, [1, 2, 3], trim_fraction=0.3)  # floor(0.9) = 0: nothing trimmed
-    plain = aggregate(updates, [1, 2, 3])
+    trimmed = aggregate(updates, [1, 2, 3], rule="trimmed_mean", trim_fraction=0.3)  # floor(0.9) = 0: nothing trimmed
+    plain = aggregate(updates, [1, 2, 3], rule="mean")
     for name in SHAPES:
         np.testing.assert_allclose(trimmed[name], plain[name], rtol=1e-6, atol=1e-7)
 
