@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import robust as robust_ops
+
 Weights = Mapping[str, np.ndarray]
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -74,45 +76,82 @@ def clip_by_global_norm(update: Weights, max_norm: float) -> tuple[dict[str, np.
 # ----------------------------------------------------------------------------------------------
 # Aggregation.
 
+RULES = ("mean", "trimmed_mean", "median", "centered_clip")
+DEFAULT_RULE = "median"  # the defaults, chosen by measurement: docs/results.md, "Robust aggregation"
+DEFAULT_TRIM_FRACTION = 0.25
+DEFAULT_CLIP_FACTOR = 2.0
+DEFAULT_MIN_CONTRIBUTIONS = 3
+
 
 class Aggregator:
-    """Weighted mean of pseudo-gradients, accumulated as they arrive.
+    """The round's aggregate of pseudo-gradients, robust by default.
 
     Each contribution is weighted by the tokens its replica processed (`add(update, weight=tokens)`),
-    so a replica that trained on more data counts more. Robust options:
+    so a replica that trained on more data counts more. The `rule`:
 
-    - `max_norm`: each contribution's global L2 norm is clipped to `max_norm` before it counts
-      (one wild or malicious update can move the mean by at most max_norm * its weight share).
-    - `trim_fraction` (in [0, 0.5)): coordinate-wise trimmed mean. For each coordinate, the
-      floor(trim_fraction * N) largest and as many smallest values among the N contributions are
-      dropped and the rest averaged with their weights. Sorting per coordinate needs all
-      contributions at once, so **this mode keeps every contribution: memory O(N x model)**,
-      plus one (N, tensor size) stack per tensor while `result()` runs. With fewer than
-      1 / trim_fraction contributions nothing is trimmed.
+    - `"median"` (default): coordinate-wise weighted median.
+    - `"trimmed_mean"` (`trim_fraction`, default 0.25): coordinate-wise trimmed mean. For each
+      coordinate, the floor(trim_fraction * N) largest and as many smallest values among the N
+      contributions are dropped and the rest averaged with their weights (with fewer than
+      1 / trim_fraction contributions nothing is trimmed).
+    - `"centered_clip"`: CenteredClip (coop.robust) from the coordinate-wise median.
+    - `"mean"`: the plain weighted mean, streamed (see memory).
 
-    Without trimming, memory is O(model): one float32 (or `dtype`) running sum per tensor, so the
-    HTTP coordinator can aggregate any number of workers. `add` validates the whole update
-    before touching any state: a refused update leaves the aggregator as it was.
+    Norm clipping, before the rule: each contribution's global L2 norm is clipped to the bound
+    min(`max_norm`, `clip_factor` x the median norm of the round's contributions). With the
+    streamed `"mean"` the round's median is not known as updates arrive, so the adaptive bound is
+    `clip_factor` x the median norm of the last round that had `min_contributions` (none in the
+    first round). `clip_factor` None (or 0) and `max_norm` None: no clipping.
+
+    With fewer than `min_contributions` (default 3) contributions a round is not robust: it is
+    the plain weighted mean, clipped to `max_norm` only (a median of two norms bounds nothing).
+
+    Memory: `"mean"` keeps one float32 (or `dtype`) running sum per tensor, O(model), so the HTTP
+    coordinator can aggregate any number of workers. **The robust rules keep every contribution:
+    O(N x model)** (N float32 copies of the model), plus, while `result()` runs, one (N, tensor
+    size) stack and its int64 sort order per tensor (CenteredClip: three float64 copies of the
+    model instead). `add` validates the whole update before touching any state: a refused update
+    leaves the aggregator as it was.
     """
 
-    def __init__(self, shapes: Shapes, *, max_norm: float | None = None, trim_fraction: float = 0.0, dtype: Any = np.float32):
+    def __init__(self, shapes: Shapes, *, rule: str = DEFAULT_RULE, trim_fraction: float = DEFAULT_TRIM_FRACTION,
+                 clip_factor: float | None = DEFAULT_CLIP_FACTOR, max_norm: float | None = None,
+                 min_contributions: int = DEFAULT_MIN_CONTRIBUTIONS, dtype: Any = np.float32):
+        if rule not in RULES:
+            raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
         if max_norm is not None and not (math.isfinite(max_norm) and max_norm > 0):
             raise ValueError(f"max_norm must be a positive finite number or None, got {max_norm!r}")
+        if clip_factor is not None and not (math.isfinite(clip_factor) and clip_factor >= 0):
+            raise ValueError(f"clip_factor must be a finite number >= 0 or None, got {clip_factor!r}")
         if not 0.0 <= trim_fraction < 0.5:
             raise ValueError(f"trim_fraction must be in [0, 0.5), got {trim_fraction!r}")
+        if not (isinstance(min_contributions, int) and min_contributions >= 1):
+            raise ValueError(f"min_contributions must be an integer >= 1, got {min_contributions!r}")
         self.shapes = {name: tuple(shape) for name, shape in shapes.items()}
+        self.rule = rule
         self.max_norm = max_norm
+        self.clip_factor = clip_factor or None
         self.trim_fraction = float(trim_fraction)
+        self.min_contributions = min_contributions
         self.dtype = np.dtype(dtype)
+        self.reference_norm: float | None = None  # "mean": the median norm of the last full round
         self.reset()
 
+    @property
+    def streaming(self) -> bool:
+        return self.rule == "mean"
+
     def reset(self) -> None:
-        """Forget all contributions (start of a new round)."""
+        """Forget all contributions (start of a new round). The streamed mean's adaptive bound
+        carries over: the median norm of the round just ended, if it had enough contributions."""
+        if getattr(self, "count", 0) >= self.min_contributions:
+            self.reference_norm = float(np.median(self.norms))
         self.count = 0
         self.total_weight = 0.0
         self.norms: list[float] = []  # each contribution's norm before clipping, for logging
+        self.clip_bound: float | None = None  # the bound the last result() (or add, streamed) applied
         self._sum: dict[str, np.ndarray] | None = None  # name -> sum of weight * update (streaming mode)
-        self._kept: list[tuple[dict[str, np.ndarray], float]] = []  # (update, weight) (trimmed mode)
+        self._kept: list[tuple[dict[str, np.ndarray], float]] = []  # (update, weight) (robust rules)
 
     def add(self, update: Weights, weight: float = 1.0) -> float:
         """Count one contribution with the given weight (tokens processed). Returns its global
@@ -124,20 +163,25 @@ class Aggregator:
         norm = global_norm(update)  # also the finiteness check: any NaN/inf makes the norm non-finite
         if not math.isfinite(norm):
             raise ValueError("update has NaN/inf values (or overflows float64 norm); the replica diverged, refusing it")
-        clip = self.max_norm / norm if self.max_norm is not None and norm > self.max_norm else None
-
-        if self.trim_fraction > 0:
-            if clip is not None:
-                update = {name: np.asarray(np.asarray(a, dtype=np.float32) * np.float32(clip)) for name, a in update.items()}
-            self._kept.append(({name: np.array(a, dtype=np.float32) for name, a in update.items()}, float(weight)))
-        else:
+        if self.streaming:
+            bound = self._bound(self.reference_norm)
+            self.clip_bound = bound
+            clip = bound / norm if bound is not None and norm > bound else None
             if self._sum is None:
                 self._sum = {name: np.zeros(shape, dtype=self.dtype) for name, shape in self.shapes.items()}
             self._accumulate(update, weight, clip)
+        else:
+            self._kept.append(({name: np.array(a, dtype=np.float32) for name, a in update.items()}, float(weight)))
         self.count += 1
         self.total_weight += float(weight)
         self.norms.append(norm)
         return norm
+
+    def _bound(self, median_norm: float | None) -> float | None:
+        """min(max_norm, clip_factor x median_norm), either part absent when not given."""
+        bounds = [b for b in (self.max_norm, None if self.clip_factor is None or median_norm is None
+                                               else self.clip_factor * median_norm) if b is not None]
+        return min(bounds) if bounds else None
 
     def _accumulate(self, update: Weights, weight: float, clip: float | None) -> None:
         """running sum += weight * (update, times `clip` if given), one cache-sized chunk at a
@@ -162,22 +206,35 @@ class Aggregator:
         """The aggregated pseudo-gradient (float32 arrays). Raises ValueError if nothing was added."""
         if self.count == 0:
             raise ValueError("no contributions were added this round; nothing to aggregate (skip the outer step)")
-        if self.trim_fraction > 0:
-            return self._trimmed_mean()
-        assert self._sum is not None
-        return {name: np.asarray(total / self.total_weight, dtype=np.float32) for name, total in self._sum.items()}
+        if self.streaming:
+            assert self._sum is not None
+            return {name: np.asarray(total / self.total_weight, dtype=np.float32) for name, total in self._sum.items()}
+        return self._robust_result()
 
-    def _trimmed_mean(self) -> dict[str, np.ndarray]:
+    def _robust_result(self) -> dict[str, np.ndarray]:
         n = len(self._kept)
-        cut = int(math.floor(self.trim_fraction * n))
+        robust = n >= self.min_contributions
+        bound = self._bound(float(np.median(self.norms))) if robust else self.max_norm
+        self.clip_bound = bound
+        scales = np.array([1.0 if bound is None or norm <= bound else bound / norm for norm in self.norms], np.float32)
         weights = np.array([w for _, w in self._kept], dtype=np.float64)  # (N,)
+        if robust and self.rule == "centered_clip":
+            clipped = [{name: a * s for name, a in u.items()} if s != 1 else u for (u, _), s in zip(self._kept, scales)]
+            start = {name: robust_ops.weighted_median(np.stack([u[name].reshape(-1) for u in clipped]), weights)
+                     .reshape(shape) for name, shape in self.shapes.items()}
+            centre = robust_ops.centered_clip(clipped, weights, start)
+            return {name: centre[name].astype(np.float32).reshape(shape) for name, shape in self.shapes.items()}
+        cut = int(math.floor(self.trim_fraction * n))
         out: dict[str, np.ndarray] = {}
         for name, shape in self.shapes.items():
-            stack = np.stack([u[name].reshape(-1) for u, _ in self._kept])  # (N, size)
-            order = np.argsort(stack, axis=0, kind="stable")[cut : n - cut]  # (N - 2cut, size)
-            kept_values = np.take_along_axis(stack, order, axis=0).astype(np.float64)
-            kept_weights = weights[order]  # (N - 2cut, size): each survivor's weight
-            mean = (kept_values * kept_weights).sum(axis=0) / kept_weights.sum(axis=0)
+            stack = np.stack([u[name].reshape(-1) for u, _ in self._kept])  # (N, size) float32
+            stack *= scales[:, None]
+            if not robust:
+                mean = robust_ops.weighted_mean(stack, weights)
+            elif self.rule == "median":
+                mean = robust_ops.weighted_median(stack, weights)
+            else:
+                mean = robust_ops.trimmed_mean(stack, weights, cut)
             out[name] = mean.astype(np.float32).reshape(shape)
         return out
 
@@ -186,17 +243,22 @@ def aggregate(
     updates: Iterable[Weights],
     weights: Iterable[float] | None = None,
     *,
+    rule: str = DEFAULT_RULE,
+    trim_fraction: float = DEFAULT_TRIM_FRACTION,
+    clip_factor: float | None = DEFAULT_CLIP_FACTOR,
     max_norm: float | None = None,
-    trim_fraction: float = 0.0,
+    min_contributions: int = DEFAULT_MIN_CONTRIBUTIONS,
 ) -> dict[str, np.ndarray]:
-    """Aggregate a list of updates at once (the simulation's convenience over `Aggregator`)."""
+    """Aggregate a list of updates at once (the simulation's and the gossip merge's convenience
+    over `Aggregator`), robust by default as the Aggregator is; rule="mean" for the plain mean."""
     updates = list(updates)
     if not updates:
         raise ValueError("aggregate() needs at least one update")
     weights = [1.0] * len(updates) if weights is None else list(weights)
     if len(weights) != len(updates):
         raise ValueError(f"got {len(updates)} updates but {len(weights)} weights")
-    aggregator = Aggregator(shapes_of(updates[0]), max_norm=max_norm, trim_fraction=trim_fraction)
+    aggregator = Aggregator(shapes_of(updates[0]), rule=rule, trim_fraction=trim_fraction, clip_factor=clip_factor,
+                            max_norm=max_norm, min_contributions=min_contributions)
     for update, weight in zip(updates, weights):
         aggregator.add(update, weight)
     return aggregator.result()

@@ -12,6 +12,7 @@ silently, and every error names the field (`coordinator.min_deadline_s: ...`).
     [compression] the codec pseudo-gradients travel with (coop.codec)
     [rounds]      how many outer rounds, and evaluation
     [coordinator] read only in HTTP mode: quorum, deadlines, timeouts, robust aggregation, size limits
+                  (the gossip merge uses coop.diloco.aggregate's defaults, the same robust ones)
     [gossip]      read only in peer-to-peer mode: group size, weight mixing, timeouts, heartbeats
 
 `coop-coordinator example-config` (or `coop swarm example-config`) prints `EXAMPLE_TOML`. Files in
@@ -37,7 +38,8 @@ from pydantic import (
 )
 
 from coop.codec import Codec, get_codec
-from coop.diloco import NesterovSGD
+from coop.diloco import (DEFAULT_CLIP_FACTOR, DEFAULT_MIN_CONTRIBUTIONS, DEFAULT_RULE, DEFAULT_TRIM_FRACTION,
+                         NesterovSGD)
 from coop.replica import InnerConfig
 from engine.data import BPETokenizer, CharTokenizer, default_corpus
 from engine.nn import GPTConfig
@@ -158,14 +160,22 @@ class CoordinatorSection(Section):
     max_deadline_s: float = Field(600.0, gt=0.0)
     worker_timeout_s: float = Field(60.0, gt=0.0)  # no heartbeat for this long: the worker is inactive
     heartbeat_s: float = Field(10.0, gt=0.0)  # how often workers say they are alive
-    # robust aggregation (coop.diloco.Aggregator)
-    max_norm: float | None = Field(None, gt=0.0)  # clip each contribution's global L2 norm
-    trim_fraction: float = Field(0.0, ge=0.0, lt=0.5)  # coordinate-wise trimmed mean (memory O(N x model))
+    # robust aggregation (coop.diloco.Aggregator; docs/results.md, "Robust aggregation")
+    aggregation: Literal["median", "trimmed_mean", "centered_clip", "mean"] = DEFAULT_RULE  # mean: plain, O(model)
+    trim_fraction: float = Field(DEFAULT_TRIM_FRACTION, ge=0.0, lt=0.5)  # trimmed_mean: dropped at each end
+    clip_factor: float | None = Field(DEFAULT_CLIP_FACTOR, ge=0.0)  # clip to this x the median norm; 0/None: off
+    max_norm: float | None = Field(None, gt=0.0)  # clip each contribution's global L2 norm to this, too
+    min_contributions: int = Field(DEFAULT_MIN_CONTRIBUTIONS, ge=1)  # fewer: the plain weighted mean
     # limits on what the network may send
     max_update_bytes: int | None = Field(None, ge=1024)  # None: the fp32 size of the model plus headers
     max_json_bytes: int = Field(65536, ge=1024)
     max_workers: int = Field(1024, ge=1)
     concurrent_uploads: int = Field(2, ge=1)  # bodies held in memory at once (memory ~ this x one update)
+
+    def aggregator_options(self) -> dict[str, Any]:
+        """The keyword arguments of coop.diloco.Aggregator these keys give."""
+        return {"rule": self.aggregation, "trim_fraction": self.trim_fraction, "clip_factor": self.clip_factor or None,
+                "max_norm": self.max_norm, "min_contributions": self.min_contributions}
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> CoordinatorSection:
@@ -204,6 +214,9 @@ _MOVED = {
     "rounds.heartbeat_s": "coordinator.heartbeat_s",
     "aggregation.max_norm": "coordinator.max_norm",
     "aggregation.trim_fraction": "coordinator.trim_fraction",
+    "aggregation.rule": "coordinator.aggregation",
+    "aggregation.clip_factor": "coordinator.clip_factor",
+    "aggregation.min_contributions": "coordinator.min_contributions",
     "limits.max_update_bytes": "coordinator.max_update_bytes",
     "limits.max_json_bytes": "coordinator.max_json_bytes",
     "limits.max_workers": "coordinator.max_workers",
@@ -388,8 +401,12 @@ min_deadline_s = 10
 max_deadline_s = 600
 worker_timeout_s = 60
 heartbeat_s = 10
-# max_norm = 10.0      # clip each worker's update to this global L2 norm
-# trim_fraction = 0.1  # coordinate-wise trimmed mean (memory grows with workers)
+aggregation = "median"  # robust: median, trimmed_mean, centered_clip; "mean" = plain (memory O(model))
+trim_fraction = 0.25  # trimmed_mean drops this fraction of the values at each end, coordinate by coordinate
+clip_factor = 2.0     # first clip each update to 2x the round's median norm (0: off)
+min_contributions = 3 # rounds with fewer updates take the plain weighted mean
+# max_norm = 10.0     # also clip each worker's update to this global L2 norm
+# the robust rules keep every update of the round: memory ~ workers x model (fp32)
 
 [gossip]           # peer-to-peer mode only
 group_size = 2         # peers per exchange group, this one included

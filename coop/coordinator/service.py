@@ -76,7 +76,7 @@ class Coordinator:
         self.max_update_bytes = config.coordinator.max_update_bytes or default_update_limit(self.n_params, len(self.weights))
         self.max_tokens = config.inner.inner_steps * config.inner.batch_size * config.model.block_size
         c = config.coordinator
-        self.aggregator = Aggregator(self.shapes, max_norm=c.max_norm, trim_fraction=c.trim_fraction)
+        self.aggregator = Aggregator(self.shapes, **c.aggregator_options())
         self.machine = RoundMachine(first_round, config.rounds.max_rounds, c.min_workers, c.quorum_fraction,
                                     DeadlinePolicy(c.deadline_factor, c.min_deadline_s, c.max_deadline_s), now)
         self.metrics = CoordinatorMetrics()

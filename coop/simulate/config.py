@@ -5,6 +5,9 @@ import math
 from dataclasses import dataclass, field
 
 from ..codec import Codec, get_codec
+from ..diloco import (DEFAULT_CLIP_FACTOR, DEFAULT_MIN_CONTRIBUTIONS, DEFAULT_RULE, DEFAULT_TRIM_FRACTION, RULES,
+                      Aggregator)
+from .adversary import ATTACKS
 
 
 @dataclass
@@ -53,9 +56,16 @@ class SimulateConfig:
     outer_momentum: float = 0.9
     nesterov: bool = True
     outer_warmup: int = 0  # rounds of linear outer-lr warm-up
+    aggregation: str = DEFAULT_RULE  # coop.diloco.RULES: median, trimmed_mean, centered_clip, mean
+    trim_fraction: float = DEFAULT_TRIM_FRACTION  # trimmed_mean: drop this fraction at each end
+    clip_factor: float = DEFAULT_CLIP_FACTOR  # clip each update to this x the round's median norm (0: off)
     max_norm: float = 0.0  # clip each pseudo-gradient's global norm (0: off)
-    trim_fraction: float = 0.0  # coordinate-wise trimmed mean (0: plain weighted mean)
+    min_contributions: int = DEFAULT_MIN_CONTRIBUTIONS  # fewer: the plain weighted mean
     weight_by: str = "tokens"  # "tokens" or "equal"
+    # adversarial replicas (coop.simulate.adversary): the first `adversaries` replicas send the attack
+    adversaries: int = 0
+    attack: str = "signflip"  # signflip | noise | scale
+    attack_scale: float = 100.0
     # what to run and show
     baseline: list[str] = field(default_factory=lambda: ["ddp"])  # "ddp", "single", or "none"
     no_diloco: bool = False
@@ -72,7 +82,10 @@ class SimulateConfig:
                    "ddp and/or single, or none"),
                   ("replicas", self.replicas, self.replicas >= 1, "at least 1"),
                   ("inner-steps", self.inner_steps, self.inner_steps >= 1, "at least 1"),
-                  ("drop-prob", self.drop_prob, 0 <= self.drop_prob < 1, "in [0, 1)")]
+                  ("drop-prob", self.drop_prob, 0 <= self.drop_prob < 1, "in [0, 1)"),
+                  ("aggregation", self.aggregation, self.aggregation in RULES, " | ".join(RULES)),
+                  ("adversaries", self.adversaries, 0 <= self.adversaries <= self.replicas, "in [0, replicas]"),
+                  ("attack", self.attack, self.attack in ATTACKS, " | ".join(ATTACKS))]
         bad = [f"--{name} {value!r} (expected {expected})" for name, value, ok, expected in checks if not ok]
         if bad:
             raise ValueError(f"coop simulate: bad option(s): {'; '.join(bad)}")
@@ -80,6 +93,16 @@ class SimulateConfig:
             raise ValueError("coop simulate: give --rounds or --tokens, not both")
         for name in [*self.compression, self.downlink]:
             codec_for(self, name)  # an unknown codec fails before any training
+        try:
+            self.aggregator({"w": (1,)})  # bad aggregation options fail before any training
+        except ValueError as error:
+            raise ValueError(f"coop simulate: {error}") from None
+
+    def aggregator(self, shapes) -> Aggregator:
+        """The merge's aggregator, from --aggregation, --trim-fraction, --clip-factor, --max-norm."""
+        return Aggregator(shapes, rule=self.aggregation, trim_fraction=self.trim_fraction,
+                          clip_factor=self.clip_factor or None, max_norm=self.max_norm or None,
+                          min_contributions=self.min_contributions)
 
     @property
     def tokens_per_round(self) -> int:

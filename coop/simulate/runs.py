@@ -13,6 +13,7 @@ from engine.data import TokenDataset
 from ..replica import Replica
 from ..round import RoundLoop
 from . import report
+from .adversary import AdversarialReplica
 from .config import SimulateConfig, codec_for
 from .setup import Setup, build_setup, copy_weights, data_seed, evaluate, inner_config, new_replica
 from .transport import TOPOLOGIES, InProcessTransport, close_round, gossip_module
@@ -32,7 +33,7 @@ def run_diloco(setup: Setup, codec_name: str, jsonl: Path | None = None) -> RunR
     joins = cfg.join_rounds()
     inner = inner_config(cfg, cfg.batch_size, rounds * inner_steps)
     topology = TOPOLOGIES[cfg.topology](setup)
-    loops = [RoundLoop(new_replica(setup, setup.shards[i], inner, data_seed(cfg.seed, i)),
+    loops = [RoundLoop(new_replica(setup, setup.shards[i], inner, data_seed(cfg.seed, i), **adversary(cfg, i)),
                        codec_for(cfg, codec_name),  # one per sender, kept across rounds: top-k keeps its residual
                        InProcessTransport(topology, i, inner_steps), inner_steps) for i in range(n)]
     churn = np.random.default_rng([cfg.seed, 7])
@@ -64,6 +65,14 @@ def run_diloco(setup: Setup, codec_name: str, jsonl: Path | None = None) -> RunR
                   evaluate(setup, topology.eval_weights()), tokens, contributed,
                   consensus_distance=topology.consensus_distance())
     return RunResult(name, rec.records, copy_weights(topology.eval_weights()), topology.refused)
+
+
+def adversary(cfg: SimulateConfig, i: int) -> dict:
+    """new_replica's extra arguments for replica i: an AdversarialReplica's if i < --adversaries."""
+    if i >= cfg.adversaries:
+        return {}
+    return {"cls": AdversarialReplica, "attack": cfg.attack, "attack_scale": cfg.attack_scale,
+            "attack_seed": 1000 * cfg.seed + 500 + i}
 
 
 class DataParallelReplica(Replica):

@@ -12,7 +12,7 @@ import importlib
 
 import numpy as np
 
-from ..diloco import Aggregator, Weights, shapes_of
+from ..diloco import Weights, shapes_of
 from ..round import Contribution, RoundStart
 from .config import codec_for
 from .setup import Setup, copy_weights, outer_optimizer
@@ -51,7 +51,7 @@ class InProcessTransport:
 
 
 class StarTopology:
-    """Everyone averages into one global model: aggregate (weighted, optionally clipped/trimmed),
+    """Everyone averages into one global model: aggregate (robust by default: cfg.aggregator),
     one outer step, then every replica receives the result (the HTTP coordinator's merge).
     With a lossy `downlink` codec the coordinator sends the outer update through it and applies
     the decoded update itself too, so coordinator and replicas keep identical weights."""
@@ -64,6 +64,7 @@ class StarTopology:
         self.global_weights = copy_weights(setup.initial)
         self.outer = outer_optimizer(cfg)
         self.downlink = None if cfg.downlink == "fp32" else codec_for(cfg, cfg.downlink)
+        self.aggregator = cfg.aggregator(shapes_of(self.global_weights))  # one for the run, as the coordinator
         self.refused: list[str] = []
         self.round, self.inbox = 0, Inbox()
 
@@ -79,8 +80,8 @@ class StarTopology:
     def merge(self, round_index: int, updates: dict[int, Weights], tokens: dict[int, int],
               sent: dict[int, int]) -> tuple[dict[int, int], dict[int, int]]:
         """Returns (bytes sent, bytes received) per replica for this merge."""
-        aggregator = Aggregator(shapes_of(self.global_weights), max_norm=self.cfg.max_norm or None,
-                                trim_fraction=self.cfg.trim_fraction)
+        aggregator = self.aggregator
+        aggregator.reset()  # the streamed mean's adaptive bound carries over from the last round
         for i, update in updates.items():
             try:
                 aggregator.add(update, weight=tokens[i] if self.cfg.weight_by == "tokens" else 1.0)

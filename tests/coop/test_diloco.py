@@ -57,7 +57,7 @@ def test_pseudo_gradient_refuses_mismatched_tensors():
 def test_streaming_mean_is_weighted_by_tokens():
     updates = [random_weights(seed) for seed in range(5)]
     tokens = [1000, 3000, 500, 500, 2048]
-    aggregator = Aggregator(SHAPES)
+    aggregator = Aggregator(SHAPES, rule="mean")  # the plain (streamed) mean; the default is robust
     for update, weight in zip(updates, tokens):
         aggregator.add(update, weight)
     result = aggregator.result()
@@ -71,7 +71,7 @@ def test_streaming_mean_is_weighted_by_tokens():
 def test_streaming_mode_keeps_no_contribution():
     # O(model) memory: after add() the aggregator holds no reference to the update's arrays
     update = random_weights(0)
-    aggregator = Aggregator(SHAPES)
+    aggregator = Aggregator(SHAPES, rule="mean")  # the streamed mode (the robust rules keep copies)
     aggregator.add(update, 1.0)
     before = aggregator.result()
     for array in update.values():
@@ -141,8 +141,8 @@ def test_trimmed_mean_drops_extremes_per_coordinate():
     attacker = {"w": np.full(50, 1e6, np.float32)}
     attacker["w"][::2] = -1e6  # extreme on both sides, coordinate by coordinate
     updates = honest + [attacker]
-    robust = aggregate(updates, trim_fraction=0.2)  # floor(0.2 * 9) = 1 dropped at each end
-    naive = aggregate(updates)
+    robust = aggregate(updates, rule="trimmed_mean", trim_fraction=0.2)  # floor(0.2 * 9) = 1 dropped at each end
+    naive = aggregate(updates, rule="mean")
     assert np.abs(robust["w"] - 1.0).max() < 0.5
     assert np.abs(naive["w"]).max() > 1e4
     # matches a direct computation: sort each column, drop one at each end, average the rest
@@ -153,14 +153,14 @@ def test_trimmed_mean_drops_extremes_per_coordinate():
 def test_trimmed_mean_uses_the_survivors_weights():
     updates = [{"w": np.array([v], np.float32)} for v in (0.0, 1.0, 2.0, 3.0, 100.0)]
     weights = [1.0, 1.0, 3.0, 1.0, 1.0]
-    result = aggregate(updates, weights, trim_fraction=0.2)  # drops 0.0 and 100.0
+    result = aggregate(updates, weights, rule="trimmed_mean", trim_fraction=0.2)  # drops 0.0 and 100.0
     assert result["w"][0] == pytest.approx((1.0 + 3 * 2.0 + 3.0) / 5)
 
 
 def test_trimmed_mean_with_too_few_contributions_is_the_plain_mean():
     updates = [random_weights(seed) for seed in range(3)]
-    trimmed = aggregate(updates, [1, 2, 3], trim_fraction=0.3)  # floor(0.9) = 0: nothing trimmed
-    plain = aggregate(updates, [1, 2, 3])
+    trimmed = aggregate(updates, [1, 2, 3], rule="trimmed_mean", trim_fraction=0.3)  # floor(0.9) = 0: nothing trimmed
+    plain = aggregate(updates, [1, 2, 3], rule="mean")
     for name in SHAPES:
         np.testing.assert_allclose(trimmed[name], plain[name], rtol=1e-6, atol=1e-7)
 
@@ -226,7 +226,7 @@ def test_diloco_defaults_and_plain_averaging():
     assert (optimizer.lr, optimizer.momentum, optimizer.nesterov) == (0.7, 0.9, True)
     global_weights = random_weights(0)
     locals_ = [random_weights(seed) for seed in range(1, 5)]
-    averaged = aggregate([pseudo_gradient(global_weights, local) for local in locals_])
+    averaged = aggregate([pseudo_gradient(global_weights, local) for local in locals_], rule="mean")
     plain_averaging().step(global_weights, averaged)
     for name in SHAPES:
         np.testing.assert_allclose(global_weights[name], np.mean([l[name] for l in locals_], axis=0), rtol=1e-5, atol=1e-6)
@@ -252,7 +252,7 @@ def test_k1_outer_sgd_with_lr1_equals_synchronous_averaged_gradient_sgd():
             x = rng.standard_normal((n, dim)).astype(np.float32)
             batches.append((x, (x @ true_w).astype(np.float32)))
         # DiLoCo: each worker takes one SGD step from the global weights, then the outer step
-        aggregator = Aggregator(shapes_of(diloco))
+        aggregator = Aggregator(shapes_of(diloco), rule="mean")  # the plain weighted mean
         for (x, y), n in zip(batches, tokens):
             local = {"w": (diloco["w"] - inner_lr * gradient(diloco["w"], x, y)).astype(np.float32)}
             aggregator.add(pseudo_gradient(diloco, local), weight=n)

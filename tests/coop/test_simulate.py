@@ -38,7 +38,8 @@ def test_k1_plain_averaging_with_sgd_equals_ddp(setup):
     # K=1, outer SGD lr 1 without momentum, fp32, inner SGD at a constant lr without clipping or decay:
     # the global step is w - lr * mean_i g_i, the gradient of the concatenated batch DDP steps on.
     cfg = replace(setup.cfg, inner_steps=1, rounds=6, inner_optimizer="sgd", lr=0.5, min_lr=0.5, warmup_steps=0,
-                  grad_clip=0.0, weight_decay=0.0, outer_lr=1.0, outer_momentum=0.0, compression=["fp32"])
+                  grad_clip=0.0, weight_decay=0.0, outer_lr=1.0, outer_momentum=0.0, compression=["fp32"],
+                  aggregation="mean")  # the plain mean (the default merge is robust)
     s = replace(setup, cfg=cfg)
     diloco, ddp = sim.run_diloco(s, "fp32"), sim.run_baseline(s, "ddp")
     assert_same_weights(diloco.weights, ddp.weights, rtol=1e-5, atol=1e-6)  # seen: 2.4e-7
@@ -66,7 +67,8 @@ def replay_plain_averaging(setup, cfg, records):
 
 
 def test_dropped_and_late_replicas_give_the_survivors_average(setup):
-    cfg = replace(setup.cfg, rounds=5, drop_prob=0.4, join_at=["2:2"], outer_lr=1.0, outer_momentum=0.0)
+    cfg = replace(setup.cfg, rounds=5, drop_prob=0.4, join_at=["2:2"], outer_lr=1.0, outer_momentum=0.0,
+                  aggregation="mean")  # the plain mean (the default merge is robust)
     s = replace(setup, cfg=cfg)
     result = sim.run_diloco(s, "fp32")
     parts = [r["taking_part"] for r in result.records]
@@ -196,3 +198,36 @@ def test_whole_split_samples_every_replica_from_the_whole_train_split(tmp_path):
     result = sim.run_diloco(setup, "fp32")
     assert np.isfinite(result.records[-1]["val_loss"])
     assert result.records[-1]["tokens"] == setup.cfg.tokens_per_round * setup.cfg.total_rounds  # cumulative
+
+
+def test_adversaries_send_the_attack_and_the_default_merge_holds(tmp_path, monkeypatch):
+    cfg = config(tmp_path, replicas=4, rounds=4, baseline=["none"])
+    setup4 = sim.build_setup(cfg)
+    sent = []
+    original = sim.InProcessTransport.exchange
+
+    def spy(self, round_index, contribution):
+        sent.append((self.index, contribution.result.pseudo_gradient, contribution.decoded()))
+        return original(self, round_index, contribution)
+
+    monkeypatch.setattr(sim.InProcessTransport, "exchange", spy)
+    attacked = replace(cfg, adversaries=1, attack="scale", attack_scale=-100.0)
+    sim.run_diloco(replace(setup4, cfg=attacked), "fp32")
+    first = [(i, honest, decoded) for i, honest, decoded in sent if i == 0]
+    assert first and all(np.allclose(decoded[n], honest[n]) for _, honest, decoded in first for n in honest)
+    # what replica 0 returned (and the codec sent) is the attack; the others send their own updates
+    norms = {i: max(float(np.abs(d[n]).max()) for n in d) for i, _, d in sent}
+    assert norms[0] > 20 * max(norms[i] for i in (1, 2, 3))
+    monkeypatch.setattr(sim.InProcessTransport, "exchange", original)
+    clean = sim.run_diloco(replace(setup4, cfg=cfg), "fp32").records[-1]["val_loss"]
+    for kind in ("signflip", "noise"):
+        robust = sim.run_diloco(replace(setup4, cfg=replace(cfg, adversaries=1, attack=kind)), "fp32")
+        plain = sim.run_diloco(replace(setup4, cfg=replace(cfg, adversaries=1, attack=kind, aggregation="mean",
+                                                           clip_factor=0.0)), "fp32")
+        robust_loss, plain_loss = robust.records[-1]["val_loss"], plain.records[-1]["val_loss"]
+        assert abs(robust_loss / clean - 1) < 0.03
+        assert plain_loss - clean > 5 * abs(robust_loss - clean)  # the plain mean does not hold
+    with pytest.raises(ValueError, match="adversaries"):
+        replace(cfg, adversaries=5)
+    with pytest.raises(ValueError, match="attack"):
+        replace(cfg, attack="krum")

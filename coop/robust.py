@@ -1,0 +1,80 @@
+"""Robust means of N contributions, the numerical kernels behind `coop.diloco.Aggregator`.
+
+Each coordinate-wise rule takes a stack (N, size) of one tensor's contributions and their weights
+(N,) and returns (size,) in float64; `centered_clip` works on whole updates (its distances are
+global L2 norms). Nothing here validates: the Aggregator has checked names, shapes and finiteness.
+
+    weighted_mean    sum_i w_i x_i / sum_i w_i
+    trimmed_mean     per coordinate, drop the `cut` smallest and `cut` largest values, weighted mean of the rest
+    weighted_median  per coordinate, the weighted median (the mean of the lower and upper one)
+    centered_clip    v <- v + sum_i w_i clip_tau(x_i - v) / sum_i w_i, from the coordinate-wise median
+                     (Karimireddy, He, Jaggi 2021; hivemind's CenteredClip)
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+
+def weighted_mean(stack: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """stack (N, size), weights (N,) -> (size,) float64."""
+    return np.einsum("n,ns->s", weights, stack, dtype=np.float64) / weights.sum()
+
+
+def trimmed_mean(stack: np.ndarray, weights: np.ndarray, cut: int) -> np.ndarray:
+    """Per coordinate: sort the N values, drop `cut` at each end, weighted mean of the survivors
+    (each keeps its own contribution's weight). cut 0 is the weighted mean."""
+    n = stack.shape[0]
+    if cut == 0:
+        return weighted_mean(stack, weights)
+    order = np.argsort(stack, axis=0, kind="stable")[cut : n - cut]  # (N - 2cut, size)
+    kept_values = np.take_along_axis(stack, order, axis=0).astype(np.float64)
+    kept_weights = weights[order]  # (N - 2cut, size): each survivor's weight
+    return (kept_values * kept_weights).sum(axis=0) / kept_weights.sum(axis=0)
+
+
+def weighted_median(stack: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Per coordinate, the mean of the lower and the upper weighted median: with equal weights the
+    ordinary median (the mean of the two middle values when N is even)."""
+    order = np.argsort(stack, axis=0, kind="stable")  # (N, size)
+    values = np.take_along_axis(stack, order, axis=0).astype(np.float64)
+    cum = np.cumsum(weights[order], axis=0)  # (N, size), ascending
+    half = 0.5 * float(weights.sum())
+    tol = 1e-12 * half
+    lower = np.argmax(cum >= half - tol, axis=0)  # first index whose cumulative weight reaches half
+    upper = np.argmax(cum > half + tol, axis=0)  # first index past half (== lower unless a tie at half)
+    upper = np.where(np.abs(cum[lower, np.arange(cum.shape[1])] - half) <= tol, upper, lower)
+    columns = np.arange(stack.shape[1])
+    return 0.5 * (values[lower, columns] + values[upper, columns])
+
+
+def _distance(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> float:
+    total = 0.0
+    for name, x in a.items():
+        d = (np.asarray(x, np.float64) - b[name]).reshape(-1)
+        total += float(d @ d)
+    return math.sqrt(total)
+
+
+def centered_clip(updates: Sequence[Mapping[str, np.ndarray]], weights: np.ndarray,
+                  start: Mapping[str, np.ndarray], iterations: int = 5) -> dict[str, np.ndarray]:
+    """CenteredClip from `start` (float64 arrays): each iteration moves the centre v by the weighted
+    mean of (x_i - v) clipped to norm tau, with tau the median distance of the contributions from
+    `start` (so at least half of them are never clipped in the first iteration). One
+    contribution moves v by at most tau * its weight share per iteration, whatever it sent."""
+    v = {name: np.array(a, dtype=np.float64) for name, a in start.items()}
+    tau = float(np.median([_distance(u, v) for u in updates]))
+    if tau == 0.0:
+        return v  # at least half of the contributions sit on the start: it is the answer
+    total = float(weights.sum())
+    for _ in range(iterations):
+        dists = [_distance(u, v) for u in updates]
+        coefs = [w / total * (1.0 if d <= tau else tau / d) for w, d in zip(weights, dists)]
+        for name, centre in v.items():
+            step = np.zeros_like(centre)
+            for u, c in zip(updates, coefs):
+                step += c * (np.asarray(u[name], np.float64) - centre)
+            centre += step
+    return v
