@@ -164,7 +164,8 @@ def _merged(own_update: Weights, own_tokens: float, own_weights: Weights,
             others: Sequence[tuple[Weights, float, Weights | None]]):
     """merge_group, or None when its result is not finite (an overflow only the mean shows)."""
     try:
-        averaged, new_weights, cd = merge_group(own_update, own_tokens, own_weights, others)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found below, and logged by the caller
+            averaged, new_weights, cd = merge_group(own_update, own_tokens, own_weights, others)
     except (ValueError, FloatingPointError):
         return None
     if not (_finite(averaged) and _finite(new_weights)):
@@ -212,7 +213,8 @@ def merge_and_step(
         return unchanged, None, []
     averaged, new_weights, cd = merged
     try:
-        outer.step(new_weights, averaged)
+        with np.errstate(over="ignore", invalid="ignore"):
+            outer.step(new_weights, averaged)
     except ValueError as error:
         log(f"outer step refused ({error}); keeping our weights for this round")
         return unchanged, cd, kept
