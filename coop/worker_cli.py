@@ -44,7 +44,9 @@ def add_shared_options(parser: argparse.ArgumentParser) -> None:
     peer.add_argument("--host", default=None, help="address this peer listens on (default: 127.0.0.1; 0.0.0.0 for all)")
     peer.add_argument("--port", type=int, default=None, help="port this peer listens on (default: a free one)")
     peer.add_argument("--advertise", default=None, help="URL other peers reach this one at (default: http://HOST:PORT)")
-    peer.add_argument("--peer-id", default=None, help="this peer's id (default: random)")
+    peer.add_argument("--key", default=None, help="this peer's Ed25519 key file, made if absent; its id derives "
+                      "from the key (default: a new key at every start)")
+    peer.add_argument("--peer-id", default=None, help="refuse to start unless the key's id is this")
     peer.add_argument("--linger", type=float, default=0.0,
                       help="after the last round, keep serving status and weights this many seconds (default: 0)")
 

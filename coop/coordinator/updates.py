@@ -2,18 +2,18 @@
 
 Every refusal is a RequestError with the HTTP status to answer: 400 for a body that is not a
 well-formed update message, 413 for one too large, 422 for a well-formed message that is not an
-update of this model (names, shapes, dtypes, codec, token count, non-finite values).
+update of this model (names, shapes, dtypes, codec, token count, non-finite or out-of-range
+values). The rules on the update itself are `coop.contribution`'s, the same a peer applies.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from coop.codec import decode
-from coop.wire import TensorSpec, WireError, check_metadata, check_tensors, unpack
+from coop.contribution import ContributionError, check_loss, check_tokens, decode_pseudo_gradient
+from coop.wire import TensorSpec, WireError, check_metadata, unpack
 
 
 class RequestError(Exception):
@@ -41,18 +41,13 @@ def check_update(body: bytes | bytearray, round_number: int, *, shapes: Mapping[
         raise RequestError(400, f"update metadata says round {meta['round']} but was sent to round {round_number}")
     if meta["codec"] != codec:
         raise RequestError(422, f"update encoded with codec {meta['codec']!r:.40}, this run uses {codec!r}")
-    if not 1 <= meta["tokens"] <= max_tokens:
-        raise RequestError(422, f"update claims {meta['tokens']} tokens; a round of this run is at most "
-                                f"{max_tokens} ([inner] steps x batch_size x block_size)")
-    loss = meta.get("loss")
-    if loss is not None and not (isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss)):
-        raise RequestError(422, f"update metadata 'loss' must be a finite number or null, got {loss!r:.40}")
     try:
-        update = decode(tensors, meta, expected_shapes=shapes)
-        del tensors
-        check_tensors(update, spec, what="update")
-    except WireError as error:
+        check_tokens(meta["tokens"], max_tokens)
+        check_loss(meta.get("loss"))
+        update = decode_pseudo_gradient(tensors, meta, spec, what="update")
+    except ContributionError as error:
         raise RequestError(422, str(error)) from None
+    del tensors
     return update, meta
 
 

@@ -3,6 +3,7 @@ The run config is coop.runconfig.RunConfig (its [gossip] section), the same as t
 
     merge.py       the gossip merge rule (shared with `coop simulate --topology gossip`)
     protocol.py    JSON messages (pydantic); payload.py: binary messages (safetensors)
+    identity.py    a peer's Ed25519 key, the id derived from it, signatures
     membership.py  member lists, heartbeats' bookkeeping, dead-peer removal
     inbox.py       received updates, by round
     server.py      the FastAPI routes; node.py: the state and checks behind them

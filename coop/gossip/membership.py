@@ -11,6 +11,9 @@ Rules (docs/p2p.md, Membership):
   bring it back; only a message from the departed peer itself does.
 - A member learned second-hand (from another peer's list) counts as heard from when learned.
 - `active(round)`: the members put in groups for that round: those with `active_from <= round`.
+- Every member record carries its peer's signed card (id, url, public key; checked when the
+  record was parsed, `coop.gossip.protocol.Member`). The first key learned for an id is kept:
+  a record of a known id under another key is ignored (`add` refuses it, `merge` skips it).
 """
 from __future__ import annotations
 
@@ -47,6 +50,9 @@ class Membership:
         """Someone contacted us directly (join, heartbeat): (re)admit it, forget any departure."""
         if member.peer_id == self.me.peer_id:
             return
+        known = self.members.get(member.peer_id)
+        if known is not None and known.public_key != member.public_key:
+            return  # the caller refuses it (403); never rebind an id to another key
         self.departed.pop(member.peer_id, None)
         if member.peer_id not in self.members and len(self.members) >= MAX_MEMBERS:
             return
@@ -76,6 +82,8 @@ class Membership:
                 new.append(pid)
             else:  # keep what we know first-hand, but learn a later active_from decision or round
                 known = self.members[pid]
+                if known.public_key != member.public_key:
+                    continue  # another key claiming a known id: ignored
                 if member.round > known.round:
                     self.members[pid] = known.model_copy(update={"round": member.round})
         return new

@@ -32,11 +32,11 @@ With ``group_size >= n`` everyone is in one group: that is exactly the star (coo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from coop.diloco import aggregate
+from coop.diloco import NesterovSGD, aggregate
 
 Weights = Mapping[str, np.ndarray]
 
@@ -143,6 +143,87 @@ def merge_group(
     for name, array in new_weights.items():
         array[...] = np.mean([w[name] for w in group], axis=0, dtype=np.float64)
     return averaged, new_weights, consensus_distance(group)
+
+
+def _finite(weights: Weights) -> bool:
+    return all(np.isfinite(array).all() for array in weights.values())
+
+
+def _usable(update: Weights, tokens: float, weights: Weights | None) -> str | None:
+    """Why a partner's contribution cannot be averaged on its own, or None when it can."""
+    if not (isinstance(tokens, (int, float)) and math.isfinite(tokens) and tokens > 0):
+        return f"its token count {tokens!r:.40} is not a positive number"
+    if not _finite(update):
+        return "its pseudo-gradient has NaN/inf values"
+    if weights is not None and not _finite(weights):
+        return "its global weights have NaN/inf values"
+    return None
+
+
+def _merged(own_update: Weights, own_tokens: float, own_weights: Weights,
+            others: Sequence[tuple[Weights, float, Weights | None]]):
+    """merge_group, or None when its result is not finite (an overflow only the mean shows)."""
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is found below, and logged by the caller
+            averaged, new_weights, cd = merge_group(own_update, own_tokens, own_weights, others)
+    except (ValueError, FloatingPointError):
+        return None
+    if not (_finite(averaged) and _finite(new_weights)):
+        return None
+    return averaged, new_weights, cd
+
+
+def merge_and_step(
+    outer: NesterovSGD,
+    own_update: Weights,
+    own_tokens: float,
+    own_weights: Weights,
+    others: Sequence[tuple[Weights, float, Weights | None]],
+    names: Sequence[str],
+    log: Callable[[str], None],
+) -> tuple[dict[str, np.ndarray], float | None, list[int]]:
+    """A peer's whole merge: `merge_group`, then its outer step. Nothing a partner sent can make it
+    fail or lose the round: a contribution that is not finite, or that makes the group's mean
+    non-finite, is dropped (one `log` line each, `names[i]` saying whose) and the merge happens
+    with the rest; with none left, with the peer's own update alone; should even the outer step
+    fail, the peer keeps its weights for this round. Every receiver checked the updates already
+    (`coop.contribution`): this is the last line, for what only the merge shows.
+
+    Returns (the new copy of the global weights, the group's consensus distance or None, the
+    indices in `others` that were averaged in). `own_weights` is never modified."""
+    kept = []
+    for i, (update, tokens, weights) in enumerate(others):
+        reason = _usable(update, tokens, weights)
+        if reason is None:
+            kept.append(i)
+        else:
+            log(f"dropped the update of {names[i]} from the merge: {reason}")
+    while True:
+        merged = _merged(own_update, own_tokens, own_weights, [others[i] for i in kept])
+        if merged is not None or not kept:
+            break
+        # who breaks it: each contribution merged with our own alone; if none does alone, all go
+        bad = [i for i in kept if _merged(own_update, own_tokens, own_weights, [others[i]]) is None] or list(kept)
+        for i in bad:
+            log(f"dropped the update of {names[i]} from the merge: the group's mean with it is not finite")
+        kept = [i for i in kept if i not in bad]
+    unchanged = {name: np.array(a, dtype=np.float32) for name, a in own_weights.items()}
+    if merged is None:
+        log("the merge is not finite even with our own update alone; keeping our weights for this round")
+        return unchanged, None, []
+    averaged, new_weights, cd = merged
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            outer.step(new_weights, averaged)
+    except ValueError as error:
+        log(f"outer step refused ({error}); keeping our weights for this round")
+        return unchanged, cd, kept
+    if not _finite(new_weights):  # an overflow in the step itself: undo it, forget the spoilt momentum
+        for name in [n for n, b in outer.momentum_buffer.items() if not np.isfinite(b).all()]:
+            del outer.momentum_buffer[name]
+        log("the outer step overflowed; keeping our weights for this round")
+        return unchanged, cd, kept
+    return new_weights, cd, kept
 
 
 def consensus_distance(global_weights_list: Sequence[Weights]) -> float:

@@ -6,7 +6,6 @@ heartbeats, exchange, the loop) is `coop.gossip.peer.PeerNode`, a subclass.
 """
 from __future__ import annotations
 
-import secrets
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +15,9 @@ import numpy as np
 
 from coop import __version__
 from coop.codec import Codec
+from coop.contribution import max_tokens_of
 from coop.diloco import NesterovSGD
+from coop.gossip.identity import Identity, card_bytes, verify
 from coop.gossip.inbox import Inbox, InboxRefusal
 from coop.gossip.membership import Membership
 from coop.gossip.payload import (
@@ -36,6 +37,7 @@ from coop.gossip.protocol import (
     RoundRecord,
     Status,
     UpdateAccepted,
+    signed_bytes,
 )
 from coop.replica import Replica
 from coop.runconfig import RunConfig
@@ -55,8 +57,9 @@ class PeerState:
     """One peer's state, guarded by `cond`; the server's routes call the `handle_*` methods."""
 
     def __init__(self, *, token: str | None, advertise: str, device: str = "cpu", quiet: bool = False,
-                 peer_id: str | None = None, log=None):
-        self.peer_id = peer_id or secrets.token_hex(6)
+                 identity: Identity | None = None, log=None):
+        self.identity = identity or Identity.generate()
+        self.peer_id = self.identity.peer_id  # derived from the public key: nobody else can send under it
         self.token = token or None
         self.advertise = advertise.rstrip("/")
         self.device = device
@@ -114,6 +117,23 @@ class PeerState:
         with self.cond:
             self.updates_refused += 1
 
+    def member_card(self, active_from: int, round_index: int) -> Member:
+        """This peer as a member, its card signed with its own key."""
+        card = self.identity.sign("member", card_bytes(self.peer_id, self.advertise, self.identity.public_key))
+        return Member(peer_id=self.peer_id, url=self.advertise, public_key=self.identity.public_key, card=card,
+                      active_from=active_from, round=round_index)
+
+    def sign_message(self, message):
+        """A JSON message (Heartbeat, LeaveRequest) with this peer's signature."""
+        return message.model_copy(update={"signature": self.identity.sign(type(message).__name__.lower(),
+                                                                         signed_bytes(message))})
+
+    def _check_known_key(self, peer_id: str, public_key: str) -> None:
+        """403 when we know `peer_id` under another key (ids are 48-bit: the first key learned is kept)."""
+        known = self.membership.members.get(peer_id)
+        if known is not None and known.public_key != public_key:
+            raise PeerError(403, f"peer {peer_id} is known here with another public key; a peer may only use its own id")
+
     def update_limit(self) -> int:
         self._require_ready()
         return update_limit(self.config.codec(), {n: s.shape for n, s in self.spec.items()}, self.config.gossip.mix_weights)
@@ -127,10 +147,13 @@ class PeerState:
         with self.cond:
             # in groups from the next round: this round's groups may already be drawn elsewhere
             active_from = self.round if self.phase in ("starting", "waiting") else self.round + 1
+            self._check_known_key(request.peer_id, request.public_key)
             known = self.membership.members.get(request.peer_id)
             if known is not None and known.url == request.url:
                 active_from = known.active_from  # a retried join: the same answer
-            member = Member(peer_id=request.peer_id, url=request.url, active_from=active_from, round=self.round)
+            # the request's card (id, url, key) is signed by the newcomer: checked when it was parsed
+            member = Member(peer_id=request.peer_id, url=request.url, public_key=request.public_key, card=request.card,
+                            active_from=active_from, round=self.round)
             self.membership.add(member)
             self.cond.notify_all()
             self.log(f"{request.peer_id} joined from {request.url} (in groups from round {active_from})")
@@ -148,6 +171,9 @@ class PeerState:
             sender = next((m for m in heartbeat.members if m.peer_id == heartbeat.peer_id), None)
             if sender is None or sender.url != heartbeat.url:
                 raise PeerError(422, "a heartbeat's member list must include its sender with the sender's url")
+            self._check_known_key(sender.peer_id, sender.public_key)
+            if not verify(sender.public_key, "heartbeat", signed_bytes(heartbeat), heartbeat.signature):
+                raise PeerError(403, f"heartbeat of {heartbeat.peer_id} is not signed by its key")
             self.membership.add(sender.model_copy(update={"round": heartbeat.round}))
             new = self.membership.merge(heartbeat.members)
             for pid in new:
@@ -156,13 +182,17 @@ class PeerState:
             return self._heartbeat_message()
 
     def _heartbeat_message(self) -> Heartbeat:
-        return Heartbeat(swarm=self.swarm, peer_id=self.peer_id, url=self.advertise, round=self.round,
-                         members=self.membership.listing())
+        return self.sign_message(Heartbeat(swarm=self.swarm, peer_id=self.peer_id, url=self.advertise, round=self.round,
+                                           members=self.membership.listing(), signature="0" * 128))
 
     def handle_leave(self, request: LeaveRequest) -> None:
         self._require_ready()
         self._check_swarm(request.swarm)
         with self.cond:
+            known = self.membership.members.get(request.peer_id)
+            if known is not None and not verify(known.public_key, "leaverequest", signed_bytes(request),
+                                                request.signature):
+                raise PeerError(403, f"leave of {request.peer_id} is not signed by its key")
             if self.membership.remove(request.peer_id):
                 self.log(f"{request.peer_id} left")
             self.cond.notify_all()
@@ -172,7 +202,7 @@ class PeerState:
         with self.cond:
             weights = {n: a.copy() for n, a in self.global_weights.items()}
             outer, round_index = self.outer.state_dict(), self.round
-        body = pack_state(self.swarm, self.peer_id, round_index, weights, outer)
+        body = pack_state(self.swarm, self.identity, round_index, weights, outer)
         with self.cond:
             self.bytes_sent += len(body)
         return body
@@ -203,7 +233,8 @@ class PeerState:
         """Check a partner's update completely, then file it; any refusal changes nothing but a counter."""
         try:
             update = parse_update(body, self.spec, swarm=self.swarm, round_index=round_index,
-                                  max_bytes=self.update_limit(), require_global=self.config.gossip.mix_weights)
+                                  max_bytes=self.update_limit(), require_global=self.config.gossip.mix_weights,
+                                  max_tokens=max_tokens_of(self.config))
         except (MalformedMessage, ForeignMessage, WireError) as error:
             self.count_refused()
             status = 400 if isinstance(error, MalformedMessage) else 403 if isinstance(error, ForeignMessage) else 422
@@ -214,6 +245,7 @@ class PeerState:
                 if update.peer_id not in self.membership.members or update.peer_id == self.peer_id:
                     raise PeerError(403, f"update from {update.peer_id!r:.70}, not a member of this peer's swarm view; "
                                          "join the swarm first (POST /v1/join)")
+                self._check_known_key(update.peer_id, update.public_key)
                 try:
                     self.inbox.add(update)
                 except InboxRefusal as refusal:

@@ -15,7 +15,10 @@ def add_peer_options(parser: argparse.ArgumentParser, default_port: int | None) 
     parser.add_argument("--advertise", help="URL the other peers reach this peer at (default http://HOST:PORT)")
     parser.add_argument("--token", help="the swarm token, the same for every peer (default: $COOP_TOKEN)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--peer-id", help="this peer's id (default: 12 random hex digits)")
+    parser.add_argument("--key", help="this peer's Ed25519 key file (PEM; made there, mode 0600, if it does not "
+                        "exist), so that it keeps its id across restarts (default: a new key at every start)")
+    parser.add_argument("--peer-id", help="refuse to start unless the key's id is this (ids are derived from the key: "
+                        "the first 12 hex digits of sha256(public key))")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.add_argument("--linger", type=float, default=0.0, help="after the last round, leave the swarm but keep "
                         "serving status and weights for this many seconds")

@@ -3,23 +3,33 @@
 update  POST /v1/gossip/{round}   "delta/<array>" (the codec's arrays of the pseudo-gradient) and,
                                   with mix_weights, "global/<param>" float32 (the sender's global
                                   weights at the start of the round); metadata
-                                  {"swarm", "peer_id", "round", "tokens", "loss", "codec": {...}}
+                                  {"swarm", "peer_id", "round", "tokens", "loss", "codec": {...},
+                                   "public_key", "signature"}
 state   GET  /v1/state            "global/<param>", "momentum/<param>" float32; metadata
-                                  {"swarm", "peer_id", "round", "outer": {NesterovSGD scalars}}
+                                  {"swarm", "peer_id", "round", "outer": {NesterovSGD scalars},
+                                   "public_key", "signature"}
 data    GET  /v1/data             "tokens" (uint8/16/32); metadata {"tokenizer": <to_json()>}
 
-`parse_update` / `parse_state` check everything against the receiver's model before returning;
-anything wrong raises `WireError` (the server answers 4xx and changes nothing).
+Updates and states are signed by their sender (`sign_tensors`): the signature covers the metadata
+(canonical JSON, without the signature) and every array (name, dtype, shape, bytes), so nothing
+in the message can change without it failing. `parse_update` / `parse_state` check the signature,
+that the id is the key's, and everything against the receiver's model (`coop.contribution`)
+before returning; anything wrong raises `WireError` (the server answers 4xx and changes nothing).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from coop.codec import Codec, Encoded, decode
+from coop.codec import Codec, Encoded
+from coop.contribution import check_arrays, check_loss, check_tokens, decode_pseudo_gradient
+from coop.gossip.identity import Identity, peer_id_of, verify
 from coop.wire import TensorSpec, WireError, check_metadata, check_tensors, pack, unpack
 
 DELTA, GLOBAL, MOMENTUM = "delta/", "global/", "momentum/"
@@ -31,7 +41,7 @@ class MalformedMessage(WireError):
 
 
 class ForeignMessage(WireError):
-    """A message from another swarm (403)."""
+    """A message from another swarm, or not signed by the peer it names (403)."""
 
 
 @dataclass
@@ -44,23 +54,60 @@ class Update:
     loss: float | None
     pseudo_gradient: dict[str, np.ndarray]
     global_weights: dict[str, np.ndarray] | None
+    public_key: str = ""  # the key that signed it (its id is peer_id)
 
 
-def pack_update(swarm: str, peer_id: str, round_index: int, tokens: int, loss: float | None, codec: Codec,
+def content_digest(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> bytes:
+    """sha256 over the metadata (sorted-key JSON, without "signature") and every array in name
+    order (name, little-endian dtype, shape, then its bytes): what a binary message's signature signs."""
+    digest = hashlib.sha256()
+    meta = {key: value for key, value in metadata.items() if key != "signature"}
+    digest.update(json.dumps(meta, sort_keys=True, separators=(",", ":"), allow_nan=False).encode() + b"\n")
+    for name in sorted(tensors):
+        array = np.asarray(tensors[name])
+        array = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")  # no copy when it already is
+        digest.update(json.dumps([name, array.dtype.str, list(array.shape)]).encode() + b"\n")
+        digest.update(array.reshape(-1).view(np.uint8))
+    return digest.digest()
+
+
+def sign_tensors(identity: Identity, kind: str, tensors: Mapping[str, np.ndarray],
+                 metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """`metadata` with the signer's "public_key" and its "signature" of (tensors, metadata)."""
+    signed = dict(metadata, public_key=identity.public_key)
+    return dict(signed, signature=identity.sign(kind, content_digest(tensors, signed)))
+
+
+def check_signed(kind: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any]) -> str:
+    """Raise ForeignMessage unless the message is signed by the key it carries and its
+    "peer_id" is that key's id; returns the public key."""
+    key, signature = metadata.get("public_key"), metadata.get("signature")
+    if not isinstance(key, str) or not isinstance(signature, str):
+        raise ForeignMessage(f"{kind} message is not signed: metadata needs 'public_key' and 'signature' (hex Ed25519)")
+    if not verify(key, kind, content_digest(tensors, metadata), signature):
+        raise ForeignMessage(f"{kind} message: the signature does not match its contents and key "
+                             "(changed on the way, or signed with another key)")
+    if peer_id_of(key) != metadata.get("peer_id"):
+        raise ForeignMessage(f"{kind} message says it is from {metadata.get('peer_id')!r:.40} but is signed by the "
+                             f"key of peer {peer_id_of(key)}: a peer may only send under its own id")
+    return key
+
+
+def pack_update(swarm: str, identity: Identity, round_index: int, tokens: int, loss: float | None, codec: Codec,
                 pseudo_gradient: dict[str, np.ndarray], global_weights: dict[str, np.ndarray] | None) -> bytes:
     """Encode the pseudo-gradient with `codec`, then `pack_encoded`."""
-    return pack_encoded(swarm, peer_id, round_index, tokens, loss, codec.encode(pseudo_gradient), global_weights)
+    return pack_encoded(swarm, identity, round_index, tokens, loss, codec.encode(pseudo_gradient), global_weights)
 
 
-def pack_encoded(swarm: str, peer_id: str, round_index: int, tokens: int, loss: float | None, encoded: Encoded,
+def pack_encoded(swarm: str, identity: Identity, round_index: int, tokens: int, loss: float | None, encoded: Encoded,
                  global_weights: dict[str, np.ndarray] | None) -> bytes:
-    """The update message of an already encoded pseudo-gradient (the round loop's codec encoded it)."""
+    """The signed update message of an already encoded pseudo-gradient (the round loop's codec encoded it)."""
     tensors = {DELTA + name: array for name, array in encoded.tensors.items()}
     if global_weights is not None:
         tensors.update({GLOBAL + name: np.asarray(array, dtype=np.float32) for name, array in global_weights.items()})
-    metadata = {"swarm": swarm, "peer_id": peer_id, "round": round_index, "tokens": int(tokens),
+    metadata = {"swarm": swarm, "peer_id": identity.peer_id, "round": round_index, "tokens": int(tokens),
                 "loss": loss if loss is not None and math.isfinite(loss) else None, "codec": encoded.metadata}
-    return pack(tensors, metadata)
+    return pack(tensors, sign_tensors(identity, "update", tensors, metadata))
 
 
 def _split(tensors: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
@@ -68,10 +115,11 @@ def _split(tensors: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]
 
 
 def parse_update(body: bytes, spec: dict[str, TensorSpec], *, swarm: str, round_index: int, max_bytes: int,
-                 require_global: bool) -> Update:
-    """Unpack and check one update (size, layout, metadata, codec arrays, names, shapes, dtypes, finite values)."""
+                 require_global: bool, max_tokens: int) -> Update:
+    """Unpack and check one update: size, layout, metadata (400); swarm, signature, id (403);
+    round, tokens, loss, codec arrays, names, shapes, dtypes, finite bounded values (422)."""
     try:
-        tensors, metadata = unpack(body, max_bytes=max_bytes)
+        tensors, metadata = unpack(body, max_bytes=max_bytes, copy=False)  # read-only views: nothing copied
         check_metadata(metadata, {"swarm": str, "peer_id": str, "round": int, "tokens": int, "codec": dict},
                        what="update metadata")
     except MalformedMessage:
@@ -80,41 +128,42 @@ def parse_update(body: bytes, spec: dict[str, TensorSpec], *, swarm: str, round_
         raise MalformedMessage(str(error)) from error
     if metadata["swarm"] != swarm:
         raise ForeignMessage(f"update is for swarm {metadata['swarm']!r:.80}, this peer is in swarm {swarm!r}")
+    public_key = check_signed("update", tensors, metadata)
     if metadata["round"] != round_index:
         raise WireError(f"update metadata says round {metadata['round']} but it was posted to round {round_index}")
-    if metadata["tokens"] <= 0:
-        raise WireError(f"update metadata 'tokens' must be a positive int (tokens trained on), got {metadata['tokens']}")
-    loss = metadata.get("loss")
-    if loss is not None and not (isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss)):
-        raise WireError(f"update metadata 'loss' must be a finite number or null, got {loss!r:.50}")
+    tokens = check_tokens(metadata["tokens"], max_tokens)
+    loss = check_loss(metadata.get("loss"))
     unknown = sorted(n for n in tensors if not n.startswith((DELTA, GLOBAL)))
     if unknown:
         raise WireError(f"update has arrays {unknown[:5]} outside 'delta/' and 'global/'")
-    shapes = {name: s.shape for name, s in spec.items()}
-    delta = decode(_split(tensors, DELTA), metadata["codec"], expected_shapes=shapes)
-    check_tensors(delta, spec, what="pseudo-gradient")
+    delta = decode_pseudo_gradient(_split(tensors, DELTA), metadata["codec"], spec)
     global_weights = _split(tensors, GLOBAL) or None
     if require_global and global_weights is None:
         raise WireError("this swarm mixes weights (gossip.mix_weights): the update must carry 'global/<param>' arrays")
     if global_weights is not None:
-        check_tensors(global_weights, spec, what="global weights")
-    return Update(metadata["peer_id"], round_index, metadata["tokens"], None if loss is None else float(loss), delta,
-                  global_weights)
+        check_arrays(global_weights, spec, what="global weights")
+    return Update(metadata["peer_id"], round_index, tokens, loss, delta, global_weights, public_key)
 
 
-def pack_state(swarm: str, peer_id: str, round_index: int, global_weights: dict[str, np.ndarray],
+def pack_state(swarm: str, identity: Identity, round_index: int, global_weights: dict[str, np.ndarray],
                outer_state: dict[str, Any]) -> bytes:
     outer = dict(outer_state)
     buffers = outer.pop("momentum_buffer")
     tensors = {GLOBAL + n: a for n, a in global_weights.items()}
     tensors.update({MOMENTUM + n: a for n, a in buffers.items()})
-    return pack(tensors, {"swarm": swarm, "peer_id": peer_id, "round": round_index, "outer": outer})
+    metadata = {"swarm": swarm, "peer_id": identity.peer_id, "round": round_index, "outer": outer}
+    return pack(tensors, sign_tensors(identity, "state", tensors, metadata))
 
 
-def parse_state(body: bytes, spec: dict[str, TensorSpec], max_bytes: int) -> tuple[int, dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
-    """-> (round, global weights, outer optimizer state for NesterovSGD.load_state_dict, metadata)."""
+def parse_state(body: bytes, spec: dict[str, TensorSpec], max_bytes: int,
+                public_key: str | None = None) -> tuple[int, dict[str, np.ndarray], dict[str, Any], dict[str, Any]]:
+    """-> (round, global weights, outer optimizer state for NesterovSGD.load_state_dict, metadata).
+    Signed by the peer it names; with `public_key`, by that key (the peer we joined through)."""
     tensors, metadata = unpack(body, max_bytes=max_bytes)
     check_metadata(metadata, {"swarm": str, "peer_id": str, "round": int, "outer": dict}, what="state metadata")
+    key = check_signed("state", tensors, metadata)
+    if public_key is not None and key != public_key:
+        raise ForeignMessage(f"state signed by peer {metadata['peer_id']!r:.40}, not by the peer it was asked of")
     global_weights = _split(tensors, GLOBAL)
     check_tensors(global_weights, spec, what="global weights")
     momentum = _split(tensors, MOMENTUM)

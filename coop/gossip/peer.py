@@ -26,6 +26,7 @@ import numpy as np
 
 import engine
 from coop.diloco import NesterovSGD
+from coop.gossip.identity import Identity, verify
 from coop.gossip.membership import Membership
 from coop.gossip.node import PeerState
 from coop.gossip.options import build_join_parser, build_start_parser
@@ -38,6 +39,7 @@ from coop.gossip.protocol import (
     Member,
     PeerInfo,
     RoundRecord,
+    signed_bytes,
 )
 from coop.gossip.server import ServerThread, create_app
 from coop.gossip.transport import GossipTransport
@@ -45,7 +47,7 @@ from coop.progress import Progress
 from coop.replica import Replica
 from coop.round import RoundLoop
 from coop.runconfig import ConfigError, RunConfig, load_run_config
-from coop.wire import spec_of
+from coop.wire import WireError, spec_of
 from engine.data import TokenDataset, encode_corpus_in_memory, tokenizer_from_json
 from engine.nn import GPT
 
@@ -104,8 +106,7 @@ class PeerNode(PeerState):
         with self.cond:
             self.swarm = secrets.token_hex(8)
             self.round = 0
-            me = Member(peer_id=self.peer_id, url=self.advertise, active_from=0, round=0)
-            self.membership = Membership(me, config.gossip.dead_after_s)
+            self.membership = Membership(self.member_card(0, 0), config.gossip.dead_after_s)
             self.ready = True
         self.log(f"started swarm {self.swarm} at {self.advertise} "
                  f"({sum(math.prod(s.shape) for s in self.spec.values()):,} parameters)")
@@ -115,15 +116,24 @@ class PeerNode(PeerState):
         url = url.rstrip("/")
         with self._client(60.0) as client:
             info = PeerInfo.model_validate(self._get_json(client, f"{url}/v1/info"))
-            reply = JoinReply.model_validate(self._post_json(client, f"{url}/v1/join",
-                                                             JoinRequest(peer_id=self.peer_id, url=self.advertise)))
+            card = self.member_card(0, 0)
+            request = JoinRequest(peer_id=self.peer_id, url=self.advertise, public_key=card.public_key, card=card.card)
+            reply = JoinReply.model_validate(self._post_json(client, f"{url}/v1/join", request))
+            # the reply's member cards are signed by their peers; the state must be signed by the one we asked
+            entry = next((m for m in reply.members if m.peer_id == reply.peer_id), None)
+            if entry is None or entry.peer_id != info.peer_id:
+                raise SystemExit(f"{url}: its join reply does not list the peer that answered ({reply.peer_id!r:.40})")
             config = RunConfig.model_validate(reply.config)
             data_body = self._get_bytes(client, f"{url}/v1/data")
             tokens, tokenizer_json = parse_data(data_body, max_bytes=1 << 34)
             self._build(config, tokens, tokenizer_json, init=False)
             state_body = self._get_bytes(client, f"{url}/v1/state")
         limit = 2 * sum(4 * math.prod(s.shape) for s in self.spec.values()) + (1 << 20)
-        round_index, weights, outer_state, _ = parse_state(state_body, self.spec, max_bytes=limit)
+        try:
+            round_index, weights, outer_state, _ = parse_state(state_body, self.spec, max_bytes=limit,
+                                                               public_key=entry.public_key)
+        except WireError as error:
+            raise SystemExit(f"{url}/v1/state: {error}") from None
         outer = NesterovSGD()
         outer.load_state_dict(outer_state)
         with self.cond:
@@ -131,8 +141,7 @@ class PeerNode(PeerState):
             self.global_weights, self.outer = weights, outer
             self.round = round_index
             self.inbox.close(round_index - 1) if round_index > 0 else None
-            me = Member(peer_id=self.peer_id, url=self.advertise, active_from=reply.active_from, round=round_index)
-            self.membership = Membership(me, config.gossip.dead_after_s)
+            self.membership = Membership(self.member_card(reply.active_from, round_index), config.gossip.dead_after_s)
             self.membership.merge([m for m in reply.members if m.peer_id != self.peer_id])
             self.membership.heard_from(info.peer_id)
             self.bytes_received += len(data_body) + len(state_body)
@@ -191,8 +200,9 @@ class PeerNode(PeerState):
             reply = Heartbeat.model_validate_json(response.content)
         except (httpx.HTTPError, ValueError):
             return
-        if reply.swarm != self.swarm or reply.peer_id != member.peer_id:
-            return
+        if (reply.swarm != self.swarm or reply.peer_id != member.peer_id
+                or not verify(member.public_key, "heartbeat", signed_bytes(reply), reply.signature)):
+            return  # not the member we know (another key), or not signed: no contact
         with self.cond:
             self.membership.heard_from(member.peer_id, reply.round)
             for pid in self.membership.merge(reply.members):
@@ -277,7 +287,8 @@ class PeerNode(PeerState):
         with self.cond:
             self.cond.notify_all()
             others = self.membership.others() if self.membership else []
-            message = LeaveRequest(swarm=self.swarm, peer_id=self.peer_id).model_dump_json()
+            message = self.sign_message(LeaveRequest(swarm=self.swarm, peer_id=self.peer_id,
+                                                     signature="0" * 128)).model_dump_json()
         with self._client(2.0) as client:
             for member in others:
                 try:
@@ -314,25 +325,36 @@ def _serve_and_run(node: PeerNode, setup, host: str, port: int, wait_peers: int 
     return 0
 
 
+def load_identity(key_path: str | None, peer_id: str | None) -> Identity:
+    """The peer's key (`--key`: kept in that file, made there the first time; else a new one).
+    The id is derived from the key: `--peer-id` can only confirm it, never choose it."""
+    identity = Identity.load_or_create(key_path)
+    if peer_id and peer_id != identity.peer_id:
+        raise SystemExit(f"--peer-id {peer_id!r:.40}: a peer's id is derived from its key, and this key's id is "
+                         f"{identity.peer_id}; drop --peer-id, or pass --key with the key of that id")
+    return identity
+
+
 def start_swarm(config: RunConfig, *, host: str = "127.0.0.1", port: int = 8500, token: str | None = None,
                 advertise: str | None = None, device: str = "cpu", wait_peers: int = 1, quiet: bool = False,
-                peer_id: str | None = None, linger: float = 0.0) -> int:
+                identity: Identity | None = None, linger: float = 0.0) -> int:
     """Run the first peer of a new swarm until `config.rounds.max_rounds` rounds are done (or Ctrl-C)."""
     port = port or _free_port(host)
     node = PeerNode(token=token, advertise=advertise or _default_advertise(host, port), device=device, quiet=quiet,
-                    peer_id=peer_id)
+                    identity=identity)
     return _serve_and_run(node, lambda: node.setup_new_swarm(config), host, port, wait_peers, linger)
 
 
 def join(url: str, args: argparse.Namespace) -> int:
     """Join the swarm that the peer at `url` is in and train with it (what `coop-worker join URL`
     calls when URL answers {"kind": "peer"}). Reads from `args`: token, device, host, port,
-    advertise (each optional)."""
+    advertise, key, peer_id (each optional)."""
     host = getattr(args, "host", None) or "127.0.0.1"
     port = getattr(args, "port", None) or _free_port(host)
     advertise = getattr(args, "advertise", None) or _default_advertise(host, port)
     node = PeerNode(token=getattr(args, "token", None), advertise=advertise, device=getattr(args, "device", None) or "cpu",
-                    quiet=bool(getattr(args, "quiet", False)), peer_id=getattr(args, "peer_id", None))
+                    quiet=bool(getattr(args, "quiet", False)),
+                    identity=load_identity(getattr(args, "key", None), getattr(args, "peer_id", None)))
     return _serve_and_run(node, lambda: node.setup_from_peer(url), host, port,
                           linger=float(getattr(args, "linger", 0) or 0))
 
@@ -351,7 +373,7 @@ def start_from_args(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     return start_swarm(config, host=args.host, port=args.port, token=args.token or os.environ.get("COOP_TOKEN"),
                        advertise=args.advertise, device=args.device, wait_peers=args.wait_peers, quiet=args.quiet,
-                       peer_id=args.peer_id, linger=args.linger)
+                       identity=load_identity(args.key, args.peer_id), linger=args.linger)
 
 
 def start_main(argv: list[str] | None = None) -> int:

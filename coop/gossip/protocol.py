@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-PROTOCOL_VERSION = 1
-# Peer ids are chosen by each peer (12 random hex digits); the groups are drawn over the sorted ids.
-PEER_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+from coop.gossip.identity import PUBLIC_KEY_PATTERN, SIGNATURE_PATTERN, card_is_valid
+
+PROTOCOL_VERSION = 2  # 2: peer ids derived from Ed25519 keys, signed messages (docs/p2p.md)
+# A peer id is the first 12 hex digits of sha256(its public key) (coop.gossip.identity); the
+# groups are drawn over the sorted ids.
+PEER_ID_PATTERN = r"^[0-9a-f]{12}$"
 URL_PATTERN = r"^https?://[^\s/]{1,255}(/[^\s]{0,255})?$"
 MAX_MEMBERS = 1024
 # Every JSON body (join, heartbeat, leave) fits in this; a member list of MAX_MEMBERS is ~400 KB.
@@ -19,11 +22,26 @@ class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Member(_Message):
-    """One peer as the others know it."""
+class _Card(_Message):
+    """Who a peer is and where it is reached, signed by the peer itself: any peer can pass a card
+    on (a member list) and its receiver still knows that the id, the key and the url belong together."""
 
     peer_id: str = Field(pattern=PEER_ID_PATTERN)
     url: str = Field(pattern=URL_PATTERN, description="where the other peers reach it")
+    public_key: str = Field(pattern=PUBLIC_KEY_PATTERN, description="Ed25519 public key, hex; the id is its sha256")
+    card: str = Field(pattern=SIGNATURE_PATTERN, description="the peer's signature of (peer_id, url, public_key)")
+
+    @model_validator(mode="after")
+    def _card_holds(self):
+        if not card_is_valid(self.peer_id, self.url, self.public_key, self.card):
+            raise ValueError(f"member card of {self.peer_id!r}: the id is not its key's, or the key did not sign "
+                             "(id, url, key)")
+        return self
+
+
+class Member(_Card):
+    """One peer as the others know it."""
+
     active_from: int = Field(ge=0, description="first round in which it is put in groups")
     round: int = Field(ge=0, description="its round when last heard of (informative)")
 
@@ -40,9 +58,7 @@ class PeerInfo(_Message):
     ready: bool
 
 
-class JoinRequest(_Message):
-    peer_id: str = Field(pattern=PEER_ID_PATTERN)
-    url: str = Field(pattern=URL_PATTERN)
+class JoinRequest(_Card):
     protocol: int = PROTOCOL_VERSION
 
 
@@ -63,11 +79,19 @@ class Heartbeat(_Message):
     url: str = Field(pattern=URL_PATTERN)
     round: int = Field(ge=0)
     members: list[Member] = Field(max_length=MAX_MEMBERS)
+    signature: str = Field(pattern=SIGNATURE_PATTERN, description="the sender's, of signed_bytes(this heartbeat)")
 
 
 class LeaveRequest(_Message):
     swarm: str = Field(max_length=64)
     peer_id: str = Field(pattern=PEER_ID_PATTERN)
+    signature: str = Field(pattern=SIGNATURE_PATTERN, description="the leaving peer's, of signed_bytes(this request)")
+
+
+def signed_bytes(message: BaseModel) -> bytes:
+    """What a signed JSON message's `signature` covers: its JSON without the signature, as pydantic
+    writes it (the same bytes on both sides: the receiver re-serializes the model it validated)."""
+    return message.model_dump_json(exclude={"signature"}).encode()
 
 
 class UpdateAccepted(_Message):

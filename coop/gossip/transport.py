@@ -2,8 +2,8 @@
 
     begin:    the peer's own round and its own copy of the global weights
     exchange: send the encoded pseudo-gradient to this round's group, wait for theirs, merge
-              (coop.gossip.merge.merge_group) and take the outer step on the peer's copy
-              (`PeerNode.exchange`)
+              and take the outer step on the peer's copy (coop.gossip.merge.merge_and_step:
+              a contribution that still fails there is dropped, never the round)
 
 There is no coordinator: every peer is its own merge, so a peer's outer optimizer lives here,
 on the training side, next to its copy of the global weights.
@@ -14,7 +14,7 @@ import time
 
 import httpx
 
-from coop.gossip.merge import merge_group, partners_of, round_rng
+from coop.gossip.merge import merge_and_step, partners_of, round_rng
 from coop.gossip.node import PeerState
 from coop.gossip.payload import pack_encoded
 from coop.gossip.protocol import Member
@@ -124,7 +124,7 @@ class GossipTransport:
             node.exchange_round = round_index
             node.push_results, node.push_rounds = {}, {}
             own_weights = node.global_weights
-        body = pack_encoded(node.swarm, node.peer_id, round_index, contribution.tokens, contribution.loss,
+        body = pack_encoded(node.swarm, node.identity, round_index, contribution.tokens, contribution.loss,
                             contribution.encoded, own_weights if gossip.mix_weights else None)
         deadline = time.monotonic() + gossip.exchange_timeout_s
         sent: set[str] = set()
@@ -164,12 +164,16 @@ class GossipTransport:
                      "going on without")
 
         # merge (rules 2 and 3 of coop.gossip.merge): our update as our partners decode it, so that
-        # the whole group averages the same numbers; then the outer step on our own copy
-        averaged, new_weights, cd = merge_group(contribution.decoded(), contribution.tokens, own_weights,
-                                                [(u.pseudo_gradient, u.tokens, u.global_weights) for u in updates])
+        # the whole group averages the same numbers; then the outer step on our own copy. Whatever
+        # fails in it is dropped with a log line: no partner can stop this process or lose the round.
+        # Under the lock: GET /v1/state reads the outer optimizer's momentum, which the step changes.
+        own_update = contribution.decoded()
         with node.cond:
-            node.outer.step(new_weights, averaged)
+            new_weights, cd, kept = merge_and_step(
+                node.outer, own_update, contribution.tokens, own_weights,
+                [(u.pseudo_gradient, u.tokens, u.global_weights) for u in updates], [u.peer_id for u in updates],
+                lambda message: node.log(f"round {round_index}: {message}"))
             node.global_weights = new_weights
             node.round = next_round
             node.membership.set_my_round(next_round)
-        return sorted(sent), [u.peer_id for u in updates], cd, next_round
+        return sorted(sent), [updates[i].peer_id for i in kept], cd, next_round

@@ -40,16 +40,16 @@ def _config() -> RunConfig:
         "gossip": {"group_size": 2, "exchange_timeout_s": 60, "heartbeat_s": 0.2, "dead_after_s": 30}})
 
 
-def _peer(peer_id: str) -> PeerNode:
+def _peer() -> PeerNode:
     port = _free_port("127.0.0.1")
-    node = PeerNode(token=TOKEN, advertise=f"http://127.0.0.1:{port}", quiet=True, peer_id=peer_id)
+    node = PeerNode(token=TOKEN, advertise=f"http://127.0.0.1:{port}", quiet=True)
     node.serve("127.0.0.1", port)
     return node
 
 
 @pytest.fixture
 def swarm():
-    first, second = _peer("aaaa"), _peer("bbbb")
+    first, second = _peer(), _peer()
     yield first, second
     for node in (first, second):
         node.leave()

@@ -58,7 +58,7 @@ def test_one_file_serves_the_coordinator_and_a_swarm(tmp_path):
     path.write_text(TINY_TOML)
     config = load_run_config(path)
     coordinator = Coordinator(config, tmp_path / "state")
-    peer = PeerNode(token=None, advertise="http://127.0.0.1:1", quiet=True, peer_id="aaaa")
+    peer = PeerNode(token=None, advertise="http://127.0.0.1:1", quiet=True)
     peer.setup_new_swarm(config)
     # the same model, optimizers, codec and K on both sides; each reads its own section
     assert {n: s.shape for n, s in peer.spec.items()} == coordinator.shapes

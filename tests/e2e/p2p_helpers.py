@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from coop.gossip.identity import Identity
+
 REPO = Path(__file__).resolve().parents[2]
 
 _PARENT = os.getpid()
@@ -47,9 +49,12 @@ def free_port() -> int:
 
 
 class PeerProcess:
-    """One `python -m coop.gossip.peer start|join ...` (or `-m coop.worker_cli join ...`) process with its log file."""
+    """One `python -m coop.gossip.peer start|join ...` (or `-m coop.worker_cli join ...`) process with its log file.
+    Its key is made here first (`--key`), so that the test knows its peer id (derived from the key) before it starts."""
 
     def __init__(self, name: str, args: list[str], log_dir: Path, token: str, module: str = "coop.gossip.peer"):
+        key_path = log_dir / f"{name}.key"
+        self.peer_id = Identity.load_or_create(key_path).peer_id
         self.name, self.port = name, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = token
@@ -58,7 +63,7 @@ class PeerProcess:
                    OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         self._log = open(self.log_path, "w")  # noqa: SIM115 (the process writes to it until stop())
         self.process = subprocess.Popen([sys.executable, "-m", module, *args, "--port", str(self.port),
-                                         "--token", token, "--peer-id", name], cwd=REPO, env=env,
+                                         "--token", token, "--key", str(key_path)], cwd=REPO, env=env,
                                         stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=child_preexec)
 
     def status(self) -> dict[str, Any] | None:

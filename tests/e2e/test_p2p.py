@@ -20,8 +20,9 @@ import pytest
 from p2p_helpers import PeerProcess, wait_until
 
 from coop.codec import get_codec
+from coop.gossip.identity import Identity, card_bytes
 from coop.gossip.merge import consensus_distance
-from coop.gossip.payload import pack_update, parse_state
+from coop.gossip.payload import pack_update, parse_state, sign_tensors
 from coop.wire import TensorSpec, pack, unpack
 
 pytestmark = pytest.mark.e2e
@@ -80,6 +81,9 @@ class Swarm:
     def all(self) -> list[PeerProcess]:
         return list(self.peers.values())
 
+    def ids(self, names) -> set[str]:
+        return {self.peers[n].peer_id for n in names}
+
     def wait(self, condition, timeout, what):
         return wait_until(condition, timeout, what, self.all())
 
@@ -115,55 +119,87 @@ def test_peers_find_each_other_and_train(swarm):
     names = ["peer0", "peer1", "peer2", "peer3"]
     def everyone_in():
         statuses = [swarm.peers[n].status() for n in names]
-        return all(st and {m["peer_id"] for m in st["members"]} == set(names) and st["round"] >= 2 for st in statuses)
+        return all(st and {m["peer_id"] for m in st["members"]} == swarm.ids(names) and st["round"] >= 2
+                   for st in statuses)
     swarm.wait(everyone_in, 90, "four peers that all know each other past round 2")
     history = swarm.peers["peer0"].status_now()["history"]
     assert any(h["received_from"] for h in history), history  # updates were exchanged
 
 
+class Hostile:
+    """A member that has joined (it holds the token and a key of its own) and sends what it likes.
+    It serves nothing: its partners' pushes to it fail at once, and the others drop it after
+    dead_after_s; it joins again (idempotent) before each message so that its target knows it."""
+
+    def __init__(self):
+        self.identity = Identity.generate()
+        self.url = "http://127.0.0.1:9"  # nothing listens there
+        self.auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    def join(self, target: PeerProcess) -> None:
+        key = self.identity
+        card = {"peer_id": key.peer_id, "url": self.url, "public_key": key.public_key,
+                "card": key.sign("member", card_bytes(key.peer_id, self.url, key.public_key))}
+        response = httpx.post(f"{target.url}/v1/join", json=card, headers=self.auth, timeout=30)
+        assert response.status_code == 200, response.text
+
+    def body(self, swarm_id, round_index, delta, weights, tokens=100, peer_id=None) -> bytes:
+        """An update signed with our key; `peer_id` another peer's id to spoof it."""
+        encoded = get_codec("fp32").encode({n: np.zeros_like(a) for n, a in delta.items()})  # its metadata
+        tensors = {"delta/" + n: a for n, a in delta.items()} | {"global/" + n: a for n, a in weights.items()}
+        meta = {"swarm": swarm_id, "peer_id": peer_id or self.identity.peer_id, "round": round_index,
+                "tokens": tokens, "loss": 1.0, "codec": encoded.metadata}
+        return pack(tensors, sign_tensors(self.identity, "update", tensors, meta))
+
+
+def post_ahead(target: PeerProcess, make_body, headers, expected: int) -> httpx.Response:
+    """POST a body made for a round just ahead of the target's (the swarm keeps going meanwhile)."""
+    for _ in range(5):
+        # two rounds ahead: still filed (the window) if the target moves on while the body travels
+        round_index = target.status_now()["round"] + 2
+        response = httpx.post(f"{target.url}/v1/gossip/{round_index}", content=make_body(round_index), headers=headers,
+                              timeout=60)
+        moved_on = response.status_code == 409 and expected != 409 and (response.json().get("round") or 0) > round_index
+        if not moved_on:  # the target jumped past the window meanwhile: the same case for its new round
+            return response
+    return response
+
+
 def test_bad_messages_are_refused(swarm):
     target = swarm.peers["peer1"]
     url = f"{target.url}/v1/gossip"
-    auth = {"Authorization": f"Bearer {TOKEN}"}
+    hostile = Hostile()
+    auth = hostile.auth
     tensors, meta = unpack(target.state())
     weights = {n[len("global/"):]: a for n, a in tensors.items() if n.startswith("global/")}
     swarm_id = meta["swarm"]
     delta = {n: np.zeros_like(a) for n, a in weights.items()}
 
-    def update(peer_id="peer0", round_index=None, d=delta, w=weights, sw=swarm_id):
-        return lambda r: pack_update(sw, peer_id, r if round_index is None else round_index, 100, 1.0,
+    def update(identity=hostile.identity, round_index=None, d=delta, w=weights, sw=swarm_id):
+        return lambda r: pack_update(sw, identity, r if round_index is None else round_index, 100, 1.0,
                                      get_codec("fp32"), d, w)
 
     name = min(weights)
     nan_delta = dict(delta, **{name: np.full_like(delta[name], np.nan)})
-    def nan_body(r):
-        return pack({"delta/" + n: a for n, a in nan_delta.items()} | {"global/" + n: a for n, a in weights.items()},
-                    {"swarm": swarm_id, "peer_id": "peer0", "round": r, "tokens": 1,
-                     "codec": {"codec": "fp32", "options": {}, "shapes": {n: list(a.shape) for n, a in weights.items()}}})
-    # bodies are made for a round just ahead of the target's just before they are sent (the swarm keeps going)
     cases = [
         ("wrong token", update(), {"Authorization": "Bearer nope"}, 401),
         ("no token", update(), {}, 401),
         ("malformed body", lambda r: b"\x00garbage" * 10, auth, 400),
         ("wrong shapes", update(d=dict(delta, **{name: np.zeros((2, 2), np.float32)})), auth, 422),
-        ("NaN values", nan_body, auth, 422),
+        ("NaN values", lambda r: hostile.body(swarm_id, r, nan_delta, weights), auth, 422),
         ("oversize body", lambda r: b"\x00" * (64 << 20), auth, 413),
         ("stale round", update(round_index=0), auth, 409),
-        ("unknown sender", update(peer_id="stranger"), auth, 403),
+        ("unknown sender", update(identity=Identity.generate()), auth, 403),
         ("another swarm", update(sw="0000"), auth, 403),
     ]
     swarm_running(swarm, ["peer1"], margin=30)
     before = target.status_now()
     for what, make_body, headers, expected in cases:
-        for attempt in range(5):
-            # two rounds ahead: still filed (the window) if the target moves on while the body travels
-            round_index = 0 if what == "stale round" else target.status_now()["round"] + 2
-            response = httpx.post(f"{url}/{round_index}", content=make_body(round_index), headers=headers,
-                                  timeout=60)
-            moved_on = (response.status_code == 409 and expected != 409
-                        and (response.json().get("round") or 0) > round_index)
-            if not moved_on:  # the target jumped past the window meanwhile: the same case for its new round
-                break
+        hostile.join(target)
+        if what == "stale round":
+            response = httpx.post(f"{url}/0", content=make_body(0), headers=headers, timeout=60)
+        else:
+            response = post_ahead(target, make_body, headers, expected)
         assert response.status_code == expected, (what, response.status_code, response.text)
         assert response.json()["detail"], what
     after = target.status_now()
@@ -174,6 +210,45 @@ def test_bad_messages_are_refused(swarm):
     assert all(np.isfinite(a).all() for a in tensors.values())
 
 
+def test_hostile_member_cannot_crash_a_peer_or_speak_for_another(swarm):
+    """A joined member posts garbage, values of 1e30, a claim of 1e12 tokens, and an update under
+    another peer's id (signed with its own key) to every honest peer: each is refused with a 4xx,
+    and every honest peer keeps running and training (the loss still falls: the last test)."""
+    names = ["peer0", "peer1", "peer2", "peer3"]
+    swarm_running(swarm, names, margin=30)
+    hostile = Hostile()
+    tensors, meta = unpack(swarm.peers["peer0"].state())
+    weights = {n[len("global/"):]: a for n, a in tensors.items() if n.startswith("global/")}
+    swarm_id = meta["swarm"]
+    small = {n: np.full_like(a, 1e-3) for n, a in weights.items()}
+    huge = {n: np.full_like(a, 1e30) for n, a in weights.items()}
+    before = {n: swarm.peers[n].status_now() for n in names}
+    for i, name in enumerate(names):
+        target, other = swarm.peers[name], swarm.peers[names[(i + 1) % len(names)]]
+        cases = [
+            ("garbage", lambda r: np.random.default_rng(r).bytes(4096), 400, "safetensors"),
+            ("values 1e30", lambda r: hostile.body(swarm_id, r, huge, weights), 422, "beyond the bound"),
+            ("weights 1e30", lambda r: hostile.body(swarm_id, r, small, huge), 422, "beyond the bound"),
+            ("tokens 1e12", lambda r: hostile.body(swarm_id, r, small, weights, tokens=10**12), 422, "tokens"),
+            ("spoofed id", lambda r: hostile.body(swarm_id, r, small, weights, peer_id=other.peer_id), 403,
+             "own id"),
+        ]
+        for what, make_body, expected, words in cases:
+            hostile.join(target)
+            response = post_ahead(target, make_body, hostile.auth, expected)
+            assert response.status_code == expected, (name, what, response.status_code, response.text)
+            assert words in response.json()["detail"], (name, what, response.json())
+    for name in names:
+        peer = swarm.peers[name]
+        assert peer.alive(), peer.log_tail()
+        start = before[name]["round"]
+        swarm.wait(lambda peer=peer, start=start: (peer.status() or {}).get("round", 0) >= start + 2, 60,
+                   f"{name} to go on training")
+        assert peer.status_now()["updates_refused"] >= before[name]["updates_refused"] + 5
+        tensors, _ = unpack(peer.state())
+        assert all(np.isfinite(a).all() and np.abs(a).max() < 1e3 for a in tensors.values())
+
+
 def test_killed_peer_is_dropped_and_the_rest_carry_on(swarm):
     swarm_running(swarm, ["peer0", "peer1", "peer2", "peer3"])
     victim = swarm.peers["peer3"]
@@ -181,7 +256,7 @@ def test_killed_peer_is_dropped_and_the_rest_carry_on(swarm):
     survivors = ["peer0", "peer1", "peer2"]
     def dropped():
         statuses = [swarm.peers[n].status() for n in survivors]
-        return all(st and "peer3" not in {m["peer_id"] for m in st["members"]} for st in statuses) and statuses
+        return all(st and victim.peer_id not in {m["peer_id"] for m in st["members"]} for st in statuses) and statuses
     statuses = swarm.wait(dropped, 30, "the survivors to drop the killed peer")
     start = [st["round"] for st in statuses]
     swarm.wait(lambda: (r := rounds_of(swarm, survivors)) and all(a >= b + 2 for a, b in zip(r, start)), 90,
@@ -200,7 +275,7 @@ def test_newcomer_joins_through_any_peer_and_catches_up(swarm):
     swarm.wait(lambda: any(h["received_from"] for h in (newcomer.status() or {"history": []})["history"]), 60,
                "the newcomer to average with a partner")
     def knows_newcomer(name):
-        return "peer4" in {m["peer_id"] for m in (swarm.peers[name].status() or {}).get("members", [])}
+        return newcomer.peer_id in {m["peer_id"] for m in (swarm.peers[name].status() or {}).get("members", [])}
     for name in ("peer0", "peer1", "peer2"):  # and the others know it
         swarm.wait(lambda name=name: knows_newcomer(name), 20, f"{name} to learn of the newcomer")
 
@@ -211,7 +286,7 @@ def test_loss_falls_and_consensus_stays_bounded(swarm):
                           all(st and st["phase"] == "done" for st in sts) and sts, 240, "every peer to finish")
     for st in statuses:
         assert st["round"] == ROUNDS, st["peer_id"]
-        if st["peer_id"] != "peer4":  # the newcomer started from trained weights
+        if st["peer_id"] != swarm.peers["peer4"].peer_id:  # the newcomer started from trained weights
             assert st["val_loss"] < st["initial_val_loss"] - 0.8, (st["peer_id"], st["initial_val_loss"], st["val_loss"])
         group_cds = [h["consensus_distance"] for h in st["history"] if h["consensus_distance"] is not None]
         assert group_cds and all(math.isfinite(c) for c in group_cds)
