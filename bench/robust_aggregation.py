@@ -24,7 +24,10 @@ from coop.simulate import SimulateConfig, build_setup, run_diloco
 SIZES = {"tiny": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=8, inner_steps=10, rounds=15,
                       lr=3e-3, min_lr=3e-4, warmup_steps=10),
          "small": dict(n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=16, inner_steps=20, rounds=15,
-                       lr=3e-3, min_lr=3e-4, warmup_steps=20)}
+                       lr=3e-3, min_lr=3e-4, warmup_steps=20),
+         # the 3.2M model of the DiLoCo quality runs (bench/diloco_quality.py), 1000 inner steps: a GPU's size
+         "gpu": dict(n_layer=4, n_head=4, n_embd=256, block_size=128, batch_size=16, inner_steps=50, rounds=20,
+                     lr=1e-3, min_lr=1e-4, warmup_steps=100, beta2=0.99, eval_batches=20)}
 COMMON = dict(baseline=["none"], plot=False, quiet=True)
 RULES = {  # name -> SimulateConfig fields
     "mean": dict(aggregation="mean", clip_factor=0.0),
@@ -55,6 +58,7 @@ def main() -> None:
     parser.add_argument("--attack-scale", type=float, default=100.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     index, count = (int(v) for v in args.shard.split("/"))
     todo = [c for k, c in enumerate(cases()) if k % count == index
@@ -62,7 +66,7 @@ def main() -> None:
     setups = {}
     for replicas, attack_name, rule in todo:
         adversaries_per_4, attack = ATTACKS[attack_name]
-        cfg = SimulateConfig(**SIZES[args.size], **COMMON, **RULES[rule], replicas=replicas, seed=args.seed, out="/tmp/robust-aggregation",
+        cfg = SimulateConfig(**SIZES[args.size], **COMMON, **RULES[rule], replicas=replicas, seed=args.seed, out="/tmp/robust-aggregation", device=args.device,
                              adversaries=adversaries_per_4 * replicas // 4, attack=attack,
                              attack_scale=args.attack_scale, tag=f"{attack_name}-{rule}")
         if replicas not in setups:
@@ -71,7 +75,7 @@ def main() -> None:
         result = run_diloco(dataclasses.replace(setups[replicas], cfg=cfg), "fp32")
         print(json.dumps({"replicas": replicas, "adversaries": cfg.adversaries, "attack": attack_name,
                           "attack_scale": cfg.attack_scale if cfg.adversaries else 0, "rule": rule,
-                          **RULES[rule], "size": args.size, "seed": args.seed, "val_loss": result.records[-1]["val_loss"],
+                          **RULES[rule], "size": args.size, "device": args.device, "seed": args.seed, "val_loss": result.records[-1]["val_loss"],
                           "val_curve": [r["val_loss"] for r in result.records],
                           "wall_s": round(time.perf_counter() - start, 1)}), flush=True)
     sys.stdout.flush()
