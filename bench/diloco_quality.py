@@ -38,6 +38,12 @@ PLANS = {
          [{}, {"compression": "int4"}, {"compression": "topk8", "topk_ratio": 0.1}, {"outer_momentum": 0.8},
           {"inner_steps": 25, "rounds": 80}, {"inner_steps": 10, "rounds": 200, "outer_lr": 0.5}]),
     ],
+    # the best of the first sweep (K = 10, outer lr 0.5) and K = 25 with momentum 0.8, in 4 bits
+    "followup": [
+        ("stdlib40m-whole", {"corpus": "stdlib", "split": "whole"},
+         [{"compression": "int4", "inner_steps": 10, "rounds": 200, "outer_lr": 0.5},
+          {"compression": "int4", "inner_steps": 25, "rounds": 80, "outer_momentum": 0.8}]),
+    ],
     "smoke": [
         ("stdlib-smoke", {"corpus": "stdlib", "split": "whole", "default_corpus_chars": 200_000, "n_layer": 1,
                           "n_embd": 32, "block_size": 32, "rounds": 2, "inner_steps": 5, "eval_batches": 2,
