@@ -65,6 +65,8 @@ class CoordinatorClient:
                 response = self.http.request(method, path, headers=headers, **kwargs)
             except httpx.TransportError as error:
                 problem = f"{type(error).__name__}: {error}"
+                if self.token and bearer == self.token and ("content" in kwargs or "json" in kwargs):
+                    self._check_token(bearer)
             else:
                 if response.status_code in ok:
                     return response
@@ -82,6 +84,19 @@ class CoordinatorClient:
                 log.warning("%s %s failed (%s); retrying", method, path, problem)
             attempt += 1
             time.sleep(delay)
+
+
+    def _check_token(self, bearer: str) -> None:
+        """After a request with a body failed in transit: is it our token? The coordinator answers
+        a 401 before reading the body and closes the connection, which a large upload may see as
+        a reset rather than the 401; a heartbeat (no body) tells which, and NeedsRejoin follows."""
+        try:
+            response = self.http.post("/v1/heartbeat", headers={"Authorization": f"Bearer {bearer}"}, json={},
+                                      timeout=10.0)
+        except httpx.HTTPError:
+            return
+        if response.status_code == 401:
+            raise NeedsRejoin(_detail(response))
 
 
 def _detail(response: httpx.Response) -> str:
