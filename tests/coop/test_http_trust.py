@@ -1,5 +1,5 @@
 """Hardened HTTP surfaces, in-process: nested JSON, the worker's cache paths, the join cap, pruning
-and rate limit, private state files, aborted uploads. (Real servers: tests/e2e/test_http_trust.py.)"""
+and rate limit, private state files, aborted uploads. (Real servers: tests/e2e/test_http_hostile.py.)"""
 from __future__ import annotations
 
 import json
