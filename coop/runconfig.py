@@ -171,6 +171,12 @@ class CoordinatorSection(Section):
     max_json_bytes: int = Field(65536, ge=1024)
     max_workers: int = Field(1024, ge=1)
     concurrent_uploads: int = Field(2, ge=1)  # bodies held in memory at once (memory ~ this x one update)
+    # limits on time and connections (a slow or hostile client must not hold the server)
+    body_timeout_s: float = Field(600.0, gt=0.0)  # to send one request body; then 408 (an update at 1 MB/s: 600 MB)
+    header_timeout_s: float = Field(10.0, gt=0.0)  # to send a request's line and headers; then the connection is closed
+    keep_alive_s: int = Field(30, ge=1)  # an idle keep-alive connection is closed after this long
+    max_connections: int = Field(512, ge=4)  # open connections at once; beyond: 503
+    joins_per_minute: float = Field(30.0, gt=0.0)  # per client address (a burst of this many, then this rate); 429
 
     def aggregator_options(self) -> dict[str, Any]:
         """The keyword arguments of coop.diloco.Aggregator these keys give."""
@@ -407,6 +413,13 @@ clip_factor = 2.0     # first clip each update to 2x the round's median norm (0:
 min_contributions = 3 # rounds with fewer updates take the plain weighted mean
 # max_norm = 10.0     # also clip each worker's update to this global L2 norm
 # the robust rules keep every update of the round: memory ~ workers x model (fp32)
+max_workers = 1024     # worker records at most (records of workers gone for worker_timeout_s are pruned)
+concurrent_uploads = 2 # update bodies read at once (one per worker at a time)
+body_timeout_s = 600   # to send one request body, then 408
+header_timeout_s = 10  # to send a request's headers, then the connection is closed
+keep_alive_s = 30      # idle keep-alive connections are closed after this long
+max_connections = 512  # open connections at once; beyond: 503
+joins_per_minute = 30  # per client address; beyond: 429 with Retry-After
 
 [gossip]           # peer-to-peer mode only
 group_size = 2         # peers per exchange group, this one included

@@ -13,25 +13,31 @@
     GET  /metrics                   Prometheus metrics (no auth)
     GET  /                          status page: HTML with SVG charts (no auth)
 
-Errors are JSON {"detail": "..."} with 400 (malformed), 401 (token), 409 (stale round),
-413 (too large), 422 (not an update of this model), 503 (full).
+Errors are JSON {"detail": "..."} with 400 (malformed, aborted), 401 (token; answered before the
+body is read), 408 (body slower than body_timeout_s), 409 (stale round, or an upload already in
+flight for this worker), 413 (too large), 422 (not an update of this model), 429 (joins too
+frequent), 503 (full). Every route documents its statuses in the OpenAPI schema.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 from coop import __version__
 
+from .members import WorkerRecord, retry_after_header
 from .page import render_page
 from .service import Coordinator
 from .updates import RequestError
 
+log = logging.getLogger("coop.coordinator")
 OCTET = "application/octet-stream"
 
 
@@ -56,29 +62,101 @@ class UpdateAccepted(BaseModel):
     reports: int
 
 
+class ErrorBody(BaseModel):
+    detail: Any  # a sentence saying what was expected and what to do (a list for a malformed query)
+
+
+_MEANING = {
+    304: "not modified: the weights of the round named in If-None-Match",
+    400: "malformed: a body that is not what the route takes, or an aborted upload",
+    401: "missing or wrong token (answered before any body is read; the connection is closed)",
+    408: "the body did not arrive within [coordinator] body_timeout_s",
+    409: "round r is not open, or this worker already has an upload in flight",
+    413: "the body is over the limit",
+    422: "well-formed but not acceptable (an update of another model, bad parameters)",
+    429: "too many joins from this address: wait Retry-After seconds",
+    503: "the run is full (max_workers): wait Retry-After seconds",
+}
+
+
+def responses(*codes: int, ok: dict[str, Any] | None = None) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a route: what it answers besides its 200 (checked against what
+    the routes really answer by tests/coop/test_http_fuzz.py)."""
+    out: dict[int | str, dict[str, Any]] = {200: ok} if ok else {}
+    for code in codes:
+        out[code] = {"description": _MEANING[code]} if code == 304 else {"model": ErrorBody, "description": _MEANING[code]}
+    return out
+
+
+def binary(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {OCTET: {"schema": {"type": "string", "format": "binary"}}}}
+
+
+# Refusals that do not read the body close the connection: what the client still sends is not
+# worth the server's time, and a trickling client must not keep its connection.
+CLOSE = {"Connection": "close"}
+
+
+@contextlib.contextmanager
+def one_upload(c: Coordinator, record: WorkerRecord):
+    """At most one upload per worker at a time: a second one is refused at once (409), so that one
+    token cannot take every upload slot. Held while the body is read or drained."""
+    if record.id in c.uploading:
+        c.reject(record, "busy")
+        raise RequestError(409, f"worker {record.id} already has an upload in flight; one at a time",
+                           reason="busy", headers=CLOSE)
+    c.uploading.add(record.id)
+    try:
+        yield
+    finally:
+        c.uploading.discard(record.id)
+
+
+def check_join_rate(c: Coordinator, request: Request) -> None:
+    address = request.client.host if request.client else "?"
+    wait = c.join_limiter.retry_after(address, c.clock())
+    if wait > 0:
+        c.metrics.joins_refused.labels("rate").inc()
+        raise RequestError(429, f"too many joins from {address}; at most {c.config.coordinator.joins_per_minute:g} "
+                                f"a minute: retry in {wait:.0f} s", headers={"Retry-After": retry_after_header(wait)})
+
+
 def _bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
-async def read_body(request: Request, limit: int) -> bytearray:
-    """The request body, refusing more than `limit` bytes (413) before reading it when
-    Content-Length says so, and while reading otherwise. Preallocated: no repeated copies."""
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytearray:
+    """The request body within `timeout_s` (else 408), refusing more than `limit` bytes (413)
+    before reading it when Content-Length says so, and while reading otherwise. Preallocated: no
+    repeated copies. A client that goes away midway raises starlette's ClientDisconnect."""
+    if timeout_s is None:
+        return await _read_body(request, limit)
+    try:
+        return await asyncio.wait_for(_read_body(request, limit), timeout_s)
+    except asyncio.TimeoutError:
+        raise RequestError(408, f"the body did not arrive within {timeout_s:g} s ([coordinator] body_timeout_s); "
+                                "send it faster or raise the limit", headers=CLOSE) from None
+
+
+async def _read_body(request: Request, limit: int) -> bytearray:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
             size = int(declared)
         except ValueError:
-            raise RequestError(400, f"Content-Length {declared!r:.30} is not a number") from None
+            raise RequestError(400, f"Content-Length {declared!r:.30} is not a number", headers=CLOSE) from None
+        if size < 0:
+            raise RequestError(400, f"Content-Length {size} is negative", headers=CLOSE)
         if size > limit:
-            raise RequestError(413, f"body of {size} bytes exceeds the limit of {limit} bytes")
+            raise RequestError(413, f"body of {size} bytes exceeds the limit of {limit} bytes", headers=CLOSE)
         body = bytearray(size)
         view, filled = memoryview(body), 0
         async for chunk in request.stream():
             end = filled + len(chunk)
             if end > size:
-                raise RequestError(400, f"body is longer than its Content-Length {size}")
+                raise RequestError(400, f"body is longer than its Content-Length {size}", headers=CLOSE)
             view[filled:end] = chunk
             filled = end
         if filled != size:
@@ -88,21 +166,33 @@ async def read_body(request: Request, limit: int) -> bytearray:
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            raise RequestError(413, f"body exceeds the limit of {limit} bytes")
+            raise RequestError(413, f"body exceeds the limit of {limit} bytes", headers=CLOSE)
     return body
 
 
-async def _drain(request: Request, limit: int) -> None:
-    """Read and drop a body we refuse, so that the client gets our answer rather than a reset."""
+async def _drain(request: Request, limit: int, timeout_s: float) -> bool:
+    """Read and drop a body we refuse, so that the client gets our answer rather than a reset.
+    Bounded in size and time; False when it was not drained (then close the connection)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) <= limit:
-        with contextlib.suppress(Exception):
-            async for _ in request.stream():
-                pass
+    if declared is None or not declared.isdigit() or int(declared) > limit:
+        return False
+
+    async def drop() -> None:
+        async for _ in request.stream():
+            pass
+
+    try:
+        await asyncio.wait_for(drop(), timeout_s)
+    except (asyncio.TimeoutError, ClientDisconnect):
+        return False
+    return True
 
 
-async def _json_body(request: Request, model: type[BaseModel], limit: int) -> Any:
-    raw = await read_body(request, limit)
+async def _json_body(request: Request, model: type[BaseModel], limit: int, timeout_s: float) -> Any:
+    try:
+        raw = await read_body(request, limit, timeout_s)
+    except ClientDisconnect:
+        raise RequestError(400, "the client went away before its body was complete") from None
     if not raw:
         return model()
     try:
@@ -123,10 +213,21 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     app.state.coordinator = coordinator
     c = coordinator
     json_limit = c.config.coordinator.max_json_bytes
+    body_timeout = c.config.coordinator.body_timeout_s
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, error: RequestError) -> JSONResponse:
-        return JSONResponse({"detail": error.message, **error.extra}, status_code=error.status)
+        extra = dict(error.extra)
+        headers = extra.pop("headers", None)
+        return JSONResponse({"detail": error.message, **extra}, status_code=error.status, headers=headers)
+
+    def authenticate(request: Request):
+        """The worker of the request's token, or a 401 that closes the connection (the body unread)."""
+        try:
+            return c.authenticate(_bearer(request))
+        except RequestError as error:
+            error.extra["headers"] = CLOSE
+            raise
 
     @app.get("/v1/info")
     async def info() -> dict[str, Any]:
@@ -134,15 +235,22 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return {"kind": "coordinator", "version": __version__, "api": "v1", "auth": c.run_token is not None,
                 **c.round_info()}
 
-    @app.post("/v1/join", openapi_extra={"requestBody": {"content": {"application/json": {
-        "schema": JoinRequest.model_json_schema()}}}})
+    @app.post("/v1/join", responses=responses(400, 401, 408, 413, 422, 429, 503),
+              openapi_extra={"requestBody": {"content": {"application/json": {"schema": JoinRequest.model_json_schema()}}}})
     async def join(request: Request) -> dict[str, Any]:
-        """Join the run: returns a worker id and token (keep it), the run config and a data shard index."""
-        c.check_run_token(_bearer(request))
-        body = await _json_body(request, JoinRequest, json_limit)
+        """Join the run: returns a worker id and token (keep it), the run config and a data shard index.
+        Rate-limited per client address ([coordinator] joins_per_minute: 429 with Retry-After)."""
+        check_join_rate(c, request)
+        try:
+            c.check_run_token(_bearer(request))
+        except RequestError as error:
+            error.extra["headers"] = CLOSE
+            raise
+        body = await _json_body(request, JoinRequest, json_limit, body_timeout)
         return c.join(body.name, body.device)
 
-    @app.get("/v1/weights", responses={200: {"content": {OCTET: {}}}, 304: {}})
+    @app.get("/v1/weights", response_class=Response,
+             responses={**responses(304, 401), 200: binary("the global weights (safetensors)")})
     async def weights(request: Request) -> Response:
         """The global weights (safetensors; metadata: round, model). ETag is the round."""
         token = _bearer(request)
@@ -159,7 +267,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         c.count_download(record, len(body), "weights")
         return Response(body, media_type=OCTET, headers=headers)
 
-    @app.get("/v1/shard", responses={200: {"content": {OCTET: {}}}})
+    @app.get("/v1/shard", response_class=Response,
+             responses={**responses(401), 200: binary("this worker's data shard (safetensors)")})
     async def shard(request: Request) -> Response:
         """This worker's data shard: {"tokens": uint16/uint32 (n,)} with metadata index, count, tokenizer."""
         record = c.authenticate(_bearer(request))
@@ -168,27 +277,35 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return Response(body, media_type=OCTET, headers={"X-Coop-Shard": str(record.shard)})
 
     @app.put("/v1/rounds/{round_number}/update", response_model=UpdateAccepted,
+             responses=responses(400, 401, 408, 409, 413, 422),
              openapi_extra={"requestBody": {"content": {OCTET: {"schema": {"type": "string", "format": "binary"}}},
                                             "required": True}})
     async def update(round_number: int, request: Request) -> dict[str, Any]:
         """Upload an encoded pseudo-gradient for round r (safetensors from coop.codec; metadata:
-        round, tokens, codec, options, shapes, loss). 409 when round r is not the open round."""
+        round, tokens, codec, options, shapes, loss). 409 when round r is not the open round, or
+        when this worker already has an upload in flight (one at a time)."""
         limit = c.max_update_bytes
-        try:
-            record = c.authenticate(_bearer(request))
-            c.precheck_update(record, round_number)
-        except RequestError:
-            await _drain(request, limit)
-            raise
-        async with c.upload_slots:  # bounds the bodies held in memory at once
+        record = authenticate(request)
+        with one_upload(c, record):
             try:
-                body = await read_body(request, limit)
+                c.precheck_update(record, round_number)
             except RequestError as error:
-                c.reject(record, "too_large" if error.status == 413 else "invalid")
+                if not await _drain(request, limit, body_timeout):
+                    error.extra["headers"] = CLOSE
                 raise
-            return await c.submit_update(record, round_number, body)
+            async with c.upload_slots:  # bounds the bodies held in memory at once
+                try:
+                    body = await read_body(request, limit, body_timeout)
+                except RequestError as error:
+                    c.reject(record, {413: "too_large", 408: "timeout"}.get(error.status, "invalid"))
+                    raise
+                except ClientDisconnect:
+                    c.reject(record, "aborted")
+                    log.warning("upload from %s for round %d aborted by the client", record.id, round_number)
+                    raise RequestError(400, "the upload was aborted before its body was complete") from None
+                return await c.submit_update(record, round_number, body)
 
-    @app.get("/v1/rounds/{round_number}/wait", response_model=RoundInfo)
+    @app.get("/v1/rounds/{round_number}/wait", response_model=RoundInfo, responses=responses(401, 422))
     async def wait(request: Request, round_number: int,
                    timeout_s: float = Query(30.0, ge=0.0, le=300.0)) -> dict[str, Any]:
         """Long-poll: returns when round r has closed (closed: true), the run is done, or after timeout_s.
@@ -197,33 +314,40 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         record = c.authenticate(_bearer(request))
         return await c.wait_round_end(round_number, timeout_s, record)
 
-    @app.post("/v1/heartbeat", response_model=RoundInfo)
+    @app.post("/v1/heartbeat", response_model=RoundInfo, responses=responses(400, 401, 408, 413))
     async def heartbeat(request: Request) -> dict[str, Any]:
         """The worker is alive (it counts as active for worker_timeout_s)."""
-        record = c.authenticate(_bearer(request))
-        await read_body(request, json_limit)  # nothing in it is needed; bounded all the same
+        record = authenticate(request)
+        try:  # nothing in the body is needed; bounded all the same
+            await read_body(request, json_limit, body_timeout)
+        except ClientDisconnect:
+            raise RequestError(400, "the client went away before its body was complete") from None
         return c.heartbeat(record)
 
-    @app.post("/v1/leave")
+    @app.post("/v1/leave", responses=responses(401))
     async def leave(request: Request) -> dict[str, Any]:
         """The worker leaves; its token stops working. Rounds stop waiting for it."""
-        record = c.authenticate(_bearer(request))
+        record = authenticate(request)
         c.leave(record)
         return {"left": True, "worker_id": record.id}
 
-    @app.get("/v1/status")
+    @app.get("/v1/status", responses=responses(401))
     async def status(request: Request) -> dict[str, Any]:
         """The run: round, phase, workers, totals and the per-round history."""
         c.check_status_access(_bearer(request))
         return c.status()
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"description": "Prometheus text exposition format",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def metrics() -> Response:
+        """Prometheus metrics (no auth)."""
         c.metrics.workers_active.set(len(c.active_workers()))
         return Response(c.metrics.render(), media_type=c.metrics.content_type)
 
     @app.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
+        """The status page: HTML with SVG charts (no auth)."""
         return HTMLResponse(render_page(c.status()))
 
     return app

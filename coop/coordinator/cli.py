@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import logging
 import os
 import sys
@@ -22,6 +21,7 @@ import uvicorn
 from coop import __version__
 from coop.cli import run_command
 from coop.runconfig import EXAMPLE_TOML, ConfigError, load_run_config
+from coop.serving import server_config
 
 from .app import create_app
 from .service import Coordinator
@@ -79,15 +79,15 @@ def _serve(args) -> int:
     if coordinator.run_token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no --token: anyone who can reach %s:%d can join and send updates", args.host, args.port)
     app = create_app(coordinator)
-    fast = importlib.util.find_spec("uvloop") and importlib.util.find_spec("httptools")
     scheme = "https" if args.ssl_certfile else "http"
     log.info("coordinator for %.2fM parameters at %s://%s:%d (round %d of %d); state in %s",
              coordinator.n_params / 1e6, scheme, args.host, args.port, coordinator.machine.number,
              coordinator.config.rounds.max_rounds, args.state_dir)
-    uv_config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop" if fast else "auto",
-                               http="httptools" if fast else "auto", log_level=args.log_level,
-                               ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
-                               timeout_keep_alive=75, access_log=args.log_level == "debug")
+    limits = coordinator.config.coordinator
+    uv_config = server_config(app, args.host, args.port, max_connections=limits.max_connections,
+                              keep_alive_s=limits.keep_alive_s, header_timeout_s=limits.header_timeout_s,
+                              log_level=args.log_level, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+                              access_log=args.log_level == "debug")
     server = ExitingServer(uv_config, coordinator, args.exit_when_done)
     server.run()
     return 0

@@ -34,7 +34,7 @@ def upload_chunks(body: bytes | bytearray | memoryview, chunk: int = UPLOAD_CHUN
 class CoordinatorClient:
     """httpx with the worker's token, retries with backoff, and errors turned into exceptions."""
 
-    RETRY_STATUS = {502, 503, 504}
+    RETRY_STATUS = {429, 502, 503, 504}  # 429/503 with Retry-After: joins rate-limited, run full
 
     def __init__(self, url: str, retry_for_s: float, timeout_s: float):
         self.url = url.rstrip("/")
@@ -59,12 +59,15 @@ class CoordinatorClient:
         body_factory = kwargs.pop("body_factory", None)
         start, attempt = time.monotonic(), 0
         while True:
+            retry_after = None
             try:
                 if body_factory is not None:
                     kwargs["content"] = body_factory()  # an iterator can be consumed only once
                 response = self.http.request(method, path, headers=headers, **kwargs)
             except httpx.TransportError as error:
                 problem = f"{type(error).__name__}: {error}"
+                if self.token and bearer == self.token and ("content" in kwargs or "json" in kwargs):
+                    self._check_token(bearer)
             else:
                 if response.status_code in ok:
                     return response
@@ -73,15 +76,38 @@ class CoordinatorClient:
                 if response.status_code not in self.RETRY_STATUS:
                     raise WorkerError(f"{method} {path} -> {response.status_code}: {_detail(response)}")
                 problem = f"HTTP {response.status_code}: {_detail(response)}"
+                retry_after = _retry_after(response)
             elapsed = time.monotonic() - start
             if not retry or elapsed > self.retry_for_s:
                 raise WorkerError(f"cannot reach the coordinator at {self.url} ({problem}); gave up after "
                                   f"{format_duration(elapsed)}")
             delay = min(5.0, 0.25 * 2 ** min(attempt, 5)) * random.uniform(0.5, 1.0)
+            if retry_after is not None:  # the server said when; never sooner, and at most a minute
+                delay = min(60.0, max(delay, retry_after))
             if attempt == 0 or attempt % 5 == 4:
                 log.warning("%s %s failed (%s); retrying", method, path, problem)
             attempt += 1
             time.sleep(delay)
+
+
+    def _check_token(self, bearer: str) -> None:
+        """After a request with a body failed in transit: is it our token? The coordinator answers
+        a 401 before reading the body and closes the connection, which a large upload may see as
+        a reset rather than the 401; a heartbeat (no body) tells which, and NeedsRejoin follows."""
+        try:
+            response = self.http.post("/v1/heartbeat", headers={"Authorization": f"Bearer {bearer}"}, json={},
+                                      timeout=10.0)
+        except httpx.HTTPError:
+            return
+        if response.status_code == 401:
+            raise NeedsRejoin(_detail(response))
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return max(0.0, float(response.headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None
 
 
 def _detail(response: httpx.Response) -> str:

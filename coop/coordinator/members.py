@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -92,6 +93,20 @@ class Members:
     def active(self, now: float, timeout_s: float) -> set[str]:
         return {w.id for w in self.workers.values() if w.is_active(now, timeout_s)}
 
+    def prune(self, now: float, timeout_s: float, keep: set[str] = frozenset(), room_for: int | None = None) -> list[str]:
+        """Forget records of workers that are gone (left, or not seen for `timeout_s`) and never
+        had an update accepted (a join flood leaves only these). With
+        `room_for`, also the longest-unseen inactive records until at most `room_for` remain.
+        Records in `keep` (the open round's reporters) stay. Returns the ids dropped."""
+        gone = [w for w in self.workers.values() if w.id not in keep and not w.is_active(now, timeout_s)]
+        dropped = [w.id for w in gone if w.rounds == 0]
+        if room_for is not None:
+            rest = sorted((w for w in gone if w.id not in dropped), key=lambda w: w.last_seen)
+            excess = len(self.workers) - len(dropped) - room_for
+            dropped += [w.id for w in rest[:max(0, excess)]]
+        for worker_id in dropped:
+            del self.workers[worker_id]
+        return dropped
 
     def to_json(self) -> dict[str, Any]:
         return {"next_index": self.next_index, "shard_count": self.shard_count,
@@ -106,3 +121,36 @@ class Members:
             record.last_seen = now  # a restart is not the workers' fault: give them a timeout to come back
             members.workers[record.id] = record
         return members
+
+
+class JoinRateLimiter:
+    """A token bucket per client address: a burst of `per_minute` joins, then `per_minute` a minute.
+    At most `max_clients` addresses are remembered (the fullest buckets are forgotten first: a
+    forgotten address starts full, which is where it was anyway)."""
+
+    def __init__(self, per_minute: float, max_clients: int = 10_000):
+        self.rate, self.burst, self.max_clients = per_minute / 60.0, max(1.0, per_minute), max_clients
+        self.buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, at)
+
+    def retry_after(self, address: str, now: float) -> float:
+        """0 when a join from `address` may go ahead now (and counts it), else the seconds to wait."""
+        tokens, at = self.buckets.get(address, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        if tokens < 1.0:
+            self.buckets[address] = (tokens, now)
+            return (1.0 - tokens) / self.rate
+        self.buckets[address] = (tokens - 1.0, now)
+        if len(self.buckets) > self.max_clients:
+            self._forget(now)
+        return 0.0
+
+    def _forget(self, now: float) -> None:
+        def level(item):
+            tokens, at = item[1]
+            return min(self.burst, tokens + (now - at) * self.rate)
+        keep = sorted(self.buckets.items(), key=level)[: self.max_clients // 2]
+        self.buckets = dict(keep)
+
+
+def retry_after_header(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))

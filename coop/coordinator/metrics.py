@@ -14,7 +14,10 @@ class CoordinatorMetrics:
         self.round = Gauge("coop_round", "The open round (= outer steps taken)", registry=r)
         self.workers_active = Gauge("coop_workers_active", "Workers seen within the worker timeout", registry=r)
         self.workers_joined = Counter("coop_workers_joined", "Workers that joined", registry=r)
+        self.joins_refused = Counter("coop_joins_refused", "Joins refused, by reason (rate, full)", ["reason"],
+                                     registry=r)
         self.reports = Gauge("coop_round_reports", "Updates accepted for the open round", registry=r)
+        # result: accepted, or why refused: stale, invalid, too_large, busy, timeout, aborted
         self.updates = Counter("coop_updates", "Update uploads by result", ["result"], registry=r)
         self.bytes_in = Counter("coop_bytes_received", "Update body bytes received", registry=r)
         self.bytes_out = Counter("coop_bytes_sent", "Weights and shard bytes sent", ["what"], registry=r)

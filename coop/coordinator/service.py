@@ -26,10 +26,10 @@ from coop.wire import pack, spec_of
 from engine.nn import GPT
 
 from .data import RunData, prepare_data
-from .members import Members, WorkerRecord, tokens_equal
+from .members import JoinRateLimiter, Members, WorkerRecord, retry_after_header, tokens_equal
 from .metrics import CoordinatorMetrics
 from .rounds import DeadlinePolicy, Phase, Report, RoundMachine, StaleRound
-from .state import load_run, save_members, save_round
+from .state import load_run, make_private_dir, make_private_tree, save_members, save_round
 from .updates import RequestError, check_update, default_update_limit
 
 log = logging.getLogger("coop.coordinator")
@@ -39,7 +39,7 @@ class Coordinator:
     def __init__(self, config: RunConfig | None, state_dir: str | Path, run_token: str | None = None, clock=time.time):
         """`config` None: resume with the config saved in `state_dir`."""
         self.state_dir = Path(state_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.state_dir)  # token digests and the model: for the operator's eyes only
         self.run_token = run_token or None
         self.clock = clock
         self.started_at = clock()
@@ -51,6 +51,7 @@ class Coordinator:
             raise ValueError(f"{self.state_dir} holds no run yet; give a run config (--config run.toml) to start one")
         self.config = config
         self.data: RunData = prepare_data(config.data, self.state_dir / "data", config.model.block_size)
+        make_private_tree(self.state_dir / "data")
         self.model_config = config.gpt_config(self.data.vocab_size)
         self.outer = config.outer_optimizer()
         now = clock()
@@ -83,6 +84,10 @@ class Coordinator:
         self.totals = {"bytes_in": 0, "bytes_out": 0, "updates_accepted": 0, "updates_rejected": 0}
         self._round_bytes_in = 0
         self._eval_model: GPT | None = None
+        self.join_limiter = JoinRateLimiter(c.joins_per_minute)
+        self.uploading: set[str] = set()  # workers with an upload in flight: one each at a time
+        self._pruned_at = 0.0
+        self._members_dirty = False  # joins and leaves are written by the ticker, at most once a tick
         if saved is None:
             initial: dict[str, Any] = {"round": None, "outer_steps": 0}  # the starting point of the loss curve
             self._evaluate_into(initial, force=True)
@@ -131,6 +136,8 @@ class Coordinator:
                 await asyncio.wait_for(self._wake.wait(), 0.1)
             self._wake.clear()
             try:
+                self._prune_gone()
+                self.flush_members()
                 async with self._lock:
                     await self._maybe_close()
             except asyncio.CancelledError:
@@ -139,6 +146,32 @@ class Coordinator:
                 log.exception("round ticker failed")
 
     # -- membership -------------------------------------------------------------------------------
+    def flush_members(self) -> None:
+        """Write members.json if joins or leaves changed it (from the event loop, like every write
+        of it). A join flood thus costs one write a tick, not one per join; a SIGKILL loses at most
+        the last tick's joins, whose workers get a 401 and join again."""
+        if not self._members_dirty:
+            return
+        self._members_dirty = False
+        try:
+            save_members(self.state_dir, self.members.to_json())
+        except OSError as error:
+            self._members_dirty = True
+            log.error("could not write members.json (%s); will retry", error)
+
+    def _prune_gone(self) -> None:
+        """Once a second: forget workers that joined, never had an update accepted, and were not
+        seen for worker_timeout_s (or left): what a join flood leaves behind."""
+        now = self.clock()
+        if now - self._pruned_at < 1.0:
+            return
+        self._pruned_at = now
+        dropped = self.members.prune(now, self.config.coordinator.worker_timeout_s, keep=set(self.machine.round.reports))
+        if dropped:
+            self._members_dirty = True
+            log.info("forgot %d workers that never contributed and are gone (%s%s)", len(dropped),
+                     ", ".join(dropped[:5]), " ..." if len(dropped) > 5 else "")
+
     def check_run_token(self, given: str | None) -> None:
         if self.run_token is None:
             return
@@ -162,11 +195,18 @@ class Coordinator:
         raise RequestError(401, "the status endpoint needs the run's access token or a worker token")
 
     def join(self, name: str, device: str) -> dict[str, Any]:
-        timeout = self.config.coordinator.worker_timeout_s
-        if len(self.members.active(self.clock(), timeout)) >= self.config.coordinator.max_workers:
-            raise RequestError(503, f"the run is full ({self.config.coordinator.max_workers} active workers); try again later")
+        timeout, cap = self.config.coordinator.worker_timeout_s, self.config.coordinator.max_workers
+        if len(self.members.workers) >= cap:
+            dropped = self.members.prune(self.clock(), timeout, keep=set(self.machine.round.reports), room_for=cap - 1)
+            if dropped:
+                log.info("forgot %d workers gone for over %gs (%s%s)", len(dropped), timeout,
+                         ", ".join(dropped[:5]), " ..." if len(dropped) > 5 else "")
+        if len(self.members.workers) >= cap:
+            self.metrics.joins_refused.labels("full").inc()
+            raise RequestError(503, f"the run is full ({cap} workers, max_workers); try again later",
+                               headers={"Retry-After": retry_after_header(timeout)})
         record, token = self.members.join(name, device, self.clock(), self.machine.number, timeout)
-        save_members(self.state_dir, self.members.to_json())
+        self._members_dirty = True
         self.metrics.workers_joined.inc()
         log.info("worker %s (%s, %s) joined at round %d with shard %d", record.id, record.name, record.device,
                  self.machine.number, record.shard)
@@ -191,7 +231,7 @@ class Coordinator:
 
     def leave(self, record: WorkerRecord) -> None:
         record.left = True
-        save_members(self.state_dir, self.members.to_json())
+        self._members_dirty = True
         log.info("worker %s left", record.id)
 
     def heartbeat(self, record: WorkerRecord) -> dict[str, Any]:
@@ -309,10 +349,8 @@ class Coordinator:
         # members.json only ever from the event loop, like join and leave do: from the aggregation
         # thread it raced them (one temp file: "members.json.tmp -> members.json: no such file", a 500
         # to a join; or a list serialized while a join changed it)
-        try:
-            save_members(self.state_dir, self.members.to_json())
-        except OSError as error:
-            log.error("round %d: could not write %s (%s)", current.number, "members.json", error)
+        self._members_dirty = True
+        self.flush_members()
         self._round_bytes_in = 0
         self.metrics.round.set(self.machine.number)
         self.metrics.reports.set(0)

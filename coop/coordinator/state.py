@@ -9,7 +9,8 @@
       data/           the tokenized corpus (coop.coordinator.data)
 
 The checkpoint is written after every round, so a restarted coordinator loses at most the round
-in flight. No pickle anywhere.
+in flight. No pickle anywhere. The directory is private (0700, its files 0600): members.json holds
+token digests, the checkpoint the model.
 """
 from __future__ import annotations
 
@@ -45,10 +46,35 @@ def members_path(state_dir: Path) -> Path:
     return state_dir / "members.json"
 
 
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
+
+
+def make_private_dir(path: Path) -> None:
+    """Create `path` (and its parents) readable by this user only; an existing one is made so."""
+    path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+    os.chmod(path, PRIVATE_DIR)
+
+
+def make_private_tree(path: Path) -> None:
+    """0700 for `path` and the directories under it, 0600 for the files (what another writer,
+    engine.checkpoint, created with the process's umask)."""
+    if not path.exists():
+        return
+    os.chmod(path, PRIVATE_DIR)
+    for root, dirs, files in os.walk(path):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), PRIVATE_DIR)
+        for name in files:
+            os.chmod(os.path.join(root, name), PRIVATE_FILE)
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """temp file + fsync + rename + fsync of the directory: the old or the new file, never half of one."""
+    """temp file + fsync + rename + fsync of the directory: the old or the new file, never half of one.
+    The file is created 0600."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    os.fchmod(fd, PRIVATE_FILE)  # an old temp file left by a crash keeps its mode otherwise
+    with open(fd, "w", encoding="utf-8") as f:
         json.dump(obj, f, allow_nan=False)
         f.flush()
         os.fsync(f.fileno())
@@ -68,6 +94,7 @@ def save_round(state_dir: Path, *, round_number: int, weights: dict[str, np.ndar
     """Persist everything a restart needs after `round_number - 1` closed (or 0: the initial state)."""
     save_checkpoint(checkpoint_dir(state_dir), format=STATE_FORMAT, version=STATE_VERSION, round=round_number,
                     weights=dict(weights), outer=outer_state, history=history, config=config)
+    make_private_tree(checkpoint_dir(state_dir))
 
 
 def save_members(state_dir: Path, members: dict[str, Any]) -> None:

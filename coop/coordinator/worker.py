@@ -14,6 +14,8 @@ token the coordinator no longer knows joins again and carries on at the current 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import socket
 import sys
 import time
@@ -48,6 +50,31 @@ class WorkerOptions:
     retry_for_s: float = 900.0  # give up when the coordinator is unreachable for this long
     timeout_s: float = 600.0  # for one transfer
     quiet: bool = False
+
+
+# What a name from the network may hold before it becomes part of a file name: no separator, no
+# "..", nothing a shell or a file system treats specially. (The coordinator's data_id is hex.)
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def shard_cache_path(cache_dir: Path, info: dict[str, Any]) -> Path:
+    """Where the shard described by a join reply is cached, built only from checked parts: a
+    hostile coordinator answering data_id = "/../../outside/x" gets a WorkerError, not a file
+    outside `cache_dir`."""
+    data_id, shard = info.get("data_id"), info.get("shard")
+    if not isinstance(data_id, str) or not _SAFE_NAME.fullmatch(data_id) or ".." in data_id:
+        raise WorkerError(f"the coordinator sent a data_id unfit for a file name ({data_id!r:.80}); expected "
+                          "letters, digits, '_', '-', '.' (at most 128). Is this a coop coordinator you trust?")
+    if not isinstance(shard, dict):
+        raise WorkerError(f"the coordinator's join reply has no shard description, got {shard!r:.80}")
+    index, count = shard.get("index"), shard.get("count")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (index, count)) or not 0 <= index < count <= 1 << 20:
+        raise WorkerError(f"the coordinator sent shard {index!r:.20} of {count!r:.20}; expected 0 <= index < count")
+    root = cache_dir.resolve()
+    path = (root / f"shard-{data_id}-{index}of{count}.safetensors").resolve()
+    if path.parent != root:  # cannot happen with the checks above; kept as the rule itself
+        raise WorkerError(f"the shard's cache path {path} would leave --cache-dir {root}")
+    return path
 
 
 class Worker:
@@ -103,10 +130,9 @@ class Worker:
             self.progress = Progress(total=int(info["max_rounds"]), start=int(info["round"]), stream=self.out)
 
     def fetch_shard(self, info: dict[str, Any]) -> TokenDataset:
-        shard = info["shard"]
         cache = None
         if self.options.cache_dir is not None:
-            cache = Path(self.options.cache_dir) / f"shard-{info['data_id']}-{shard['index']}of{shard['count']}.safetensors"
+            cache = shard_cache_path(Path(self.options.cache_dir), info)
             if cache.is_file():
                 try:
                     return self._shard_from(cache.read_bytes(), info)
@@ -117,9 +143,11 @@ class Worker:
         self.client.bytes_down += len(body)
         data = self._shard_from(body, info)
         if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             tmp = cache.with_name(cache.name + ".tmp")
-            tmp.write_bytes(body)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the run's data: this user's only
+            with open(fd, "wb") as f:
+                f.write(body)
             tmp.replace(cache)
         return data
 

@@ -6,6 +6,7 @@ With a swarm token, everything but /v1/info and /v1/status needs `Authorization:
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import threading
 from typing import Any
@@ -17,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from coop import __version__
+from coop.serving import server_config
 from coop.gossip.node import PeerError, PeerState
 from coop.gossip.protocol import (
     MAX_JSON_BYTES,
@@ -30,6 +32,28 @@ from coop.gossip.protocol import (
 )
 
 BINARY = "application/octet-stream"
+BODY_TIMEOUT_S = 300.0  # to send one body (peers' own requests give up after request_timeout_s)
+
+_MEANING = {
+    400: "malformed body or Content-Length",
+    401: "missing or wrong swarm token",
+    403: "another swarm's message, or a sender that is not a member",
+    408: f"the body did not arrive within {BODY_TIMEOUT_S:g} s",
+    409: "the round is closed or too far ahead here, or this update came already",
+    410: "this peer has finished or stopped: talk to another peer",
+    413: "the body is over this endpoint's limit",
+    422: "well-formed but not acceptable (bad fields, another model)",
+    503: "this peer is still starting, or its inbox is full: retry later",
+}
+
+
+def responses(*codes: int, ok: dict[str, Any] | None = None) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a route besides its 200 (errors are JSON {"detail", "round"?})."""
+    out: dict[int | str, dict[str, Any]] = {200: ok} if ok else {}
+    schema = {"type": "object", "properties": {"detail": {}, "round": {"type": "integer"}}, "required": ["detail"]}
+    for code in codes:
+        out[code] = {"description": _MEANING[code], "content": {"application/json": {"schema": schema}}}
+    return out
 
 
 def check_declared_length(request: Request, limit: int) -> None:
@@ -42,15 +66,24 @@ def check_declared_length(request: Request, limit: int) -> None:
             raise PeerError(413, f"body of {declared} bytes is over this endpoint's limit of {limit} bytes")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes."""
+async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes, and
+    with 408 when it has not all come within `timeout_s` (a trickling client holds nothing long)."""
     check_declared_length(request, limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PeerError(413, f"body is over this endpoint's limit of {limit} bytes")
-        chunks.append(chunk)
+
+    async def read() -> None:
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PeerError(413, f"body is over this endpoint's limit of {limit} bytes")
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise PeerError(408, f"the body did not arrive within {timeout_s:g} s") from None
     return b"".join(chunks)
 
 
@@ -89,39 +122,44 @@ def create_app(node: PeerState) -> FastAPI:
 
     auth = [Depends(require_token)]
 
+    json_errors = responses(400, 401, 403, 408, 410, 413, 422, 503)
+
     @app.get("/v1/info", response_model=PeerInfo)
     def info() -> PeerInfo:
         return node.info()
 
-    @app.get("/v1/status", response_model=Status)
+    @app.get("/v1/status", response_model=Status, responses=responses(503))
     def status() -> Status:
         return node.status()
 
-    @app.post("/v1/join", response_model=JoinReply, dependencies=auth)
+    @app.post("/v1/join", response_model=JoinReply, dependencies=auth, responses=json_errors)
     async def join(request: Request) -> JoinReply:
         return node.handle_join(await read_json(request, JoinRequest))
 
-    @app.post("/v1/heartbeat", response_model=Heartbeat, dependencies=auth)
+    @app.post("/v1/heartbeat", response_model=Heartbeat, dependencies=auth, responses=json_errors)
     async def heartbeat(request: Request) -> Heartbeat:
         return node.handle_heartbeat(await read_json(request, Heartbeat))
 
-    @app.post("/v1/leave", dependencies=auth)
+    @app.post("/v1/leave", dependencies=auth, responses=json_errors)
     async def leave(request: Request) -> dict:
         node.handle_leave(await read_json(request, LeaveRequest))
         return {"left": True}
 
     @app.get("/v1/state", dependencies=auth, response_class=Response,
-             responses={200: {"content": {BINARY: {}}, "description": "global weights + outer optimizer state"}})
+             responses={200: {"content": {BINARY: {}}, "description": "global weights + outer optimizer state"},
+                        **responses(401, 410, 503)})
     async def state() -> Response:
         body = await run_in_threadpool(node.state_body)
         return Response(body, media_type=BINARY)
 
     @app.get("/v1/data", dependencies=auth, response_class=Response,
-             responses={200: {"content": {BINARY: {}}, "description": "the training tokens and the tokenizer"}})
+             responses={200: {"content": {BINARY: {}}, "description": "the training tokens and the tokenizer"},
+                        **responses(401, 410, 503)})
     async def data() -> Response:
         return Response(await run_in_threadpool(node.data_body), media_type=BINARY)
 
     @app.post("/v1/gossip/{round_index}", response_model=UpdateAccepted, dependencies=auth,
+              responses=responses(400, 401, 403, 408, 409, 410, 413, 422, 503),
               openapi_extra={"requestBody": {"content": {BINARY: {}}, "required": True}})
     async def gossip(round_index: int, request: Request) -> UpdateAccepted:
         if round_index < 0:
@@ -146,8 +184,8 @@ class ServerThread:
     """uvicorn serving `app` from a daemon thread (the main thread trains)."""
 
     def __init__(self, app: FastAPI, host: str, port: int):
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=2)
+        # limits on connections, keep-alive and the request head (coop.serving); bodies: read_body
+        config = server_config(app, host, port, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="peer-http", daemon=True)
 
