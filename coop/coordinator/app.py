@@ -258,7 +258,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         if record is None:
             c.check_status_access(token)
         else:
-            record.last_seen = c.clock()
+            record.seen(c.clock())
         body, round_number = c.weights_body, c.machine.number
         etag = f'"r{round_number}"'
         headers = {"ETag": etag, "X-Coop-Round": str(round_number), "Cache-Control": "no-cache"}

@@ -30,6 +30,9 @@ class WorkerRecord:
     joined_round: int
     last_seen: float
     left: bool = False
+    # False for a record restored after a restart until the worker is heard from again: a round
+    # never waits for a worker that died with the old process
+    confirmed: bool = True
     rounds: int = 0  # accepted updates
     tokens: int = 0  # tokens trained on, over accepted updates
     rejected: int = 0
@@ -49,7 +52,15 @@ class WorkerRecord:
         return out
 
     def is_active(self, now: float, timeout_s: float) -> bool:
+        return self.confirmed and self.is_recent(now, timeout_s)
+
+    def is_recent(self, now: float, timeout_s: float) -> bool:
+        """Heard from within the timeout (before or after a restart), and not gone."""
         return not self.left and now - self.last_seen <= timeout_s
+
+    def seen(self, now: float) -> None:
+        self.last_seen = now
+        self.confirmed = True
 
 
 class Members:
@@ -98,7 +109,7 @@ class Members:
         had an update accepted (a join flood leaves only these). With
         `room_for`, also the longest-unseen inactive records until at most `room_for` remain.
         Records in `keep` (the open round's reporters) stay. Returns the ids dropped."""
-        gone = [w for w in self.workers.values() if w.id not in keep and not w.is_active(now, timeout_s)]
+        gone = [w for w in self.workers.values() if w.id not in keep and not w.is_recent(now, timeout_s)]
         dropped = [w.id for w in gone if w.rounds == 0]
         if room_for is not None:
             rest = sorted((w for w in gone if w.id not in dropped), key=lambda w: w.last_seen)
@@ -118,7 +129,10 @@ class Members:
         members.next_index = int(raw["next_index"])
         for item in raw["workers"]:
             record = WorkerRecord(**item)
-            record.last_seen = now  # a restart is not the workers' fault: give them a timeout to come back
+            # unconfirmed until it is heard from: not counted active (no round waits for it), yet
+            # kept for a timeout from its last contact, and its token still valid
+            record.confirmed = False
+            record.last_seen = min(record.last_seen, now)
             members.workers[record.id] = record
         return members
 

@@ -183,7 +183,7 @@ class Coordinator:
         record = self.members.authenticate(token) if token else None
         if record is None:
             raise RequestError(401, "unknown or missing worker token; join again (POST /v1/join)")
-        record.last_seen = self.clock()
+        record.seen(self.clock())
         return record
 
     def check_status_access(self, token: str | None) -> None:

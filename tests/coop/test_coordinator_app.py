@@ -174,3 +174,16 @@ def test_members_tokens_are_digests_and_checked_in_constant_time():
     restored = Members.from_json(members.to_json(), now=5.0)
     assert restored.authenticate(token).id == "w0"
     assert [members.join(str(i), "cpu", 0.0, 0)[0].shard for i in range(3)] == [1, 2, 0]
+
+
+def test_restored_members_are_unconfirmed_until_heard_from():
+    # a coordinator restarted on its state: a round must not wait for workers that died with the
+    # old process, yet a live worker's token still works and makes it active again at once
+    members = Members(shard_count=2)
+    (alive, alive_token), (dead, _) = (members.join(name, "cpu", now=100.0, round_number=3) for name in "ab")
+    restored = Members.from_json(members.to_json(), now=130.0)
+    assert restored.active(130.0, timeout_s=60.0) == set()  # nobody confirmed yet
+    assert restored.prune(130.0, timeout_s=60.0) == []  # records kept within a timeout of their last contact
+    restored.authenticate(alive_token).seen(131.0)
+    assert restored.active(131.0, timeout_s=60.0) == {alive.id}
+    assert restored.workers[dead.id].public(131.0, 60.0)["active"] is False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import signal
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -104,6 +105,28 @@ def test_a_worker_killed_mid_round_does_not_stop_the_run(tmp_path, procs):
     assert not killed["active"] and not killed["left"] and interrupted["left"]
     for worker in workers[1:3]:
         assert worker.wait(30) == 0, worker.output()
+
+
+def test_a_restart_does_not_wait_for_workers_that_died_with_the_coordinator(tmp_path, procs):
+    # both workers are known when the coordinator is killed, one of them dies with it: the restarted
+    # coordinator must not hold its first round for the dead one's worker_timeout_s (60 s)
+    config = run_config(rounds={"max_rounds": 40}, inner={"steps": 10},
+                        coordinator={"min_workers": 1, "worker_timeout_s": 60, "min_deadline_s": 60,
+                                     "max_deadline_s": 120})
+    coordinator = procs(Coordinator(tmp_path, config))
+    survivor, casualty = (procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2))
+    logs = [survivor.log, casualty.log]
+    coordinator.wait_status(lambda s: s["round"] >= 3 and len(s["workers"]) == 2, 60, "round 3", logs)
+    coordinator.kill(signal.SIGKILL)
+    casualty.kill(signal.SIGKILL)
+    resumed_at = load_run(coordinator.state_dir).round
+    coordinator.start()
+    started = time.monotonic()
+    coordinator.wait_status(lambda s: len(closed_rounds(s)) > resumed_at, 30, "a round closed after the restart", logs)
+    assert time.monotonic() - started < 15  # not the 60 s of the dead worker's timeout (nor the deadline)
+    status = coordinator.status()
+    dead = next(w for w in status["workers"] if w["name"] == "worker1")
+    assert not dead["active"] and dead["confirmed"] is False
 
 
 def test_coordinator_killed_and_restarted_carries_on(tmp_path, procs):
