@@ -34,6 +34,7 @@ RULES = {  # name -> SimulateConfig fields
     "trimmed_mean": dict(aggregation="trimmed_mean", trim_fraction=0.25, clip_factor=2.0),
     "median": dict(aggregation="median", clip_factor=2.0),
     "centered_clip": dict(aggregation="centered_clip", clip_factor=2.0),
+    "filtered_mean": dict(aggregation="filtered_mean", clip_factor=2.0),
     "clip_only": dict(aggregation="mean", clip_factor=2.0),  # adaptive clipping alone, streamed
     "trimmed_noclip": dict(aggregation="trimmed_mean", trim_fraction=0.25, clip_factor=0.0),
 }
@@ -44,7 +45,7 @@ def cases() -> list[tuple[int, str, str]]:
     """(replicas, attack, rule), the most telling first."""
     out = [(n, a, r) for n in (4, 8) for r, a in [("mean", "clean"), ("trimmed_mean", "clean"),
                                                    ("trimmed_mean", "signflip"), ("trimmed_mean", "noise")]]
-    out += [(n, a, r) for r in ("clip_only", "median", "centered_clip") for n in (4, 8) for a in ATTACKS]
+    out += [(n, a, r) for r in ("clip_only", "median", "centered_clip", "filtered_mean") for n in (4, 8) for a in ATTACKS]
     out += [(n, a, "mean") for n in (4, 8) for a in ("signflip", "noise")]
     out += [(4, a, "trimmed_noclip") for a in ATTACKS]
     return out

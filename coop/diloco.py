@@ -76,8 +76,11 @@ def clip_by_global_norm(update: Weights, max_norm: float) -> tuple[dict[str, np.
 # ----------------------------------------------------------------------------------------------
 # Aggregation.
 
-RULES = ("mean", "trimmed_mean", "median", "centered_clip")
-DEFAULT_RULE = "median"  # the defaults, chosen by measurement: docs/results.md, "Robust aggregation"
+RULES = ("mean", "trimmed_mean", "median", "centered_clip", "filtered_mean")
+# filtered_mean: contributions whose cosine to the coordinate-wise median is below this fraction of
+# the round's median cosine (or not positive) are left out, the rest averaged
+AGREEMENT_FRACTION = 0.5
+DEFAULT_RULE = "filtered_mean"  # the defaults, chosen by measurement: docs/results.md, "Robust aggregation"
 DEFAULT_TRIM_FRACTION = 0.25
 DEFAULT_CLIP_FACTOR = 2.0
 DEFAULT_MIN_CONTRIBUTIONS = 3
@@ -89,12 +92,16 @@ class Aggregator:
     Each contribution is weighted by the tokens its replica processed (`add(update, weight=tokens)`),
     so a replica that trained on more data counts more. The `rule`:
 
-    - `"median"` (default): coordinate-wise weighted median.
+    - `"median"`: coordinate-wise weighted median.
     - `"trimmed_mean"` (`trim_fraction`, default 0.25): coordinate-wise trimmed mean. For each
       coordinate, the floor(trim_fraction * N) largest and as many smallest values among the N
       contributions are dropped and the rest averaged with their weights (with fewer than
       1 / trim_fraction contributions nothing is trimmed).
     - `"centered_clip"`: CenteredClip (coop.robust) from the coordinate-wise median.
+    - `"filtered_mean"` (default): the weighted mean of the contributions that point the way the
+      coordinate-wise median does (cosine >= AGREEMENT_FRACTION x the round's median cosine, and
+      > 0; `coop.robust.agreeing`): a sign-flipped or noise update is left out entirely, and the
+      rest keep the mean's full step (a median shrinks it). `self.left_out` lists who was dropped.
     - `"mean"`: the plain weighted mean, streamed (see memory).
 
     Norm clipping, before the rule: each contribution's global L2 norm is clipped to the bound
@@ -152,6 +159,7 @@ class Aggregator:
         self.clip_bound: float | None = None  # the bound the last result() (or add, streamed) applied
         self._sum: dict[str, np.ndarray] | None = None  # name -> sum of weight * update (streaming mode)
         self._kept: list[tuple[dict[str, np.ndarray], float]] = []  # (update, weight) (robust rules)
+        self.left_out: list[int] = []  # filtered_mean: indices (in order of add) left out by the last result()
 
     def add(self, update: Weights, weight: float = 1.0) -> float:
         """Count one contribution with the given weight (tokens processed). Returns its global
@@ -224,6 +232,8 @@ class Aggregator:
                      .reshape(shape) for name, shape in self.shapes.items()}
             centre = robust_ops.centered_clip(clipped, weights, start)
             return {name: centre[name].astype(np.float32).reshape(shape) for name, shape in self.shapes.items()}
+        if robust and self.rule == "filtered_mean":
+            return self._filtered_mean(scales, weights)
         cut = int(math.floor(self.trim_fraction * n))
         out: dict[str, np.ndarray] = {}
         for name, shape in self.shapes.items():
@@ -237,6 +247,29 @@ class Aggregator:
                 mean = robust_ops.trimmed_mean(stack, weights, cut)
             out[name] = mean.astype(np.float32).reshape(shape)
         return out
+
+    def _filtered_mean(self, scales: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
+        """Two passes over the tensors: the cosine of each clipped contribution to the coordinate-
+        wise median, then the weighted mean of those that agree (coop.robust.agreeing)."""
+        n = len(self._kept)
+        dots, norms2, reference2 = np.zeros(n), np.zeros(n), 0.0
+        for name in self.shapes:
+            stack = np.stack([u[name].reshape(-1) for u, _ in self._kept]).astype(np.float64)  # (N, size)
+            stack *= scales[:, None]
+            reference = robust_ops.weighted_median(stack, weights)  # (size,)
+            dots += stack @ reference
+            norms2 += np.einsum("ns,ns->n", stack, stack)
+            reference2 += float(reference @ reference)
+        cosines = dots / np.sqrt(np.maximum(norms2 * reference2, 1e-300))
+        kept = robust_ops.agreeing(cosines, AGREEMENT_FRACTION)
+        self.left_out = sorted(set(range(n)) - set(kept.tolist()))
+        out: dict[str, np.ndarray] = {}
+        for name, shape in self.shapes.items():
+            stack = np.stack([self._kept[i][0][name].reshape(-1) for i in kept])  # (K, size)
+            stack *= scales[kept, None]
+            out[name] = robust_ops.weighted_mean(stack, weights[kept]).astype(np.float32).reshape(shape)
+        return out
+
 
 
 def aggregate(

@@ -9,6 +9,8 @@ global L2 norms). Nothing here validates: the Aggregator has checked names, shap
     weighted_median  per coordinate, the weighted median (the mean of the lower and upper one)
     centered_clip    v <- v + sum_i w_i clip_tau(x_i - v) / sum_i w_i, from the coordinate-wise median
                      (Karimireddy, He, Jaggi 2021; hivemind's CenteredClip)
+    agreeing         which contributions point the way the coordinate-wise median does (cosine),
+                     for the direction-filtered mean
 """
 from __future__ import annotations
 
@@ -78,3 +80,13 @@ def centered_clip(updates: Sequence[Mapping[str, np.ndarray]], weights: np.ndarr
                 step += c * (np.asarray(u[name], np.float64) - centre)
             centre += step
     return v
+
+
+def agreeing(cosines: np.ndarray, fraction: float) -> np.ndarray:
+    """Indices of the contributions whose cosine to the robust reference is positive and at least
+    `fraction` x the median cosine of the round: an update that points away from what the round
+    agrees on (a flipped sign, noise, another objective) is left out whatever its norm. Never
+    empty: with none passing, the one that agrees best."""
+    threshold = max(0.0, fraction * float(np.median(cosines)))
+    kept = np.flatnonzero(cosines >= threshold) if threshold > 0 else np.flatnonzero(cosines > 0)
+    return kept if kept.size else np.array([int(np.argmax(cosines))])

@@ -161,7 +161,7 @@ class CoordinatorSection(Section):
     worker_timeout_s: float = Field(60.0, gt=0.0)  # no heartbeat for this long: the worker is inactive
     heartbeat_s: float = Field(10.0, gt=0.0)  # how often workers say they are alive
     # robust aggregation (coop.diloco.Aggregator; docs/results.md, "Robust aggregation")
-    aggregation: Literal["median", "trimmed_mean", "centered_clip", "mean"] = DEFAULT_RULE  # mean: plain, O(model)
+    aggregation: Literal["median", "trimmed_mean", "centered_clip", "filtered_mean", "mean"] = DEFAULT_RULE  # mean: plain, O(model)
     trim_fraction: float = Field(DEFAULT_TRIM_FRACTION, ge=0.0, lt=0.5)  # trimmed_mean: dropped at each end
     clip_factor: float | None = Field(DEFAULT_CLIP_FACTOR, ge=0.0)  # clip to this x the median norm; 0/None: off
     max_norm: float | None = Field(None, gt=0.0)  # clip each contribution's global L2 norm to this, too
@@ -407,7 +407,7 @@ min_deadline_s = 10
 max_deadline_s = 600
 worker_timeout_s = 60
 heartbeat_s = 10
-aggregation = "median"  # robust: median, trimmed_mean, centered_clip; "mean" = plain (memory O(model))
+aggregation = "filtered_mean"  # robust: filtered_mean, median, trimmed_mean, centered_clip; "mean" = plain, O(model)
 trim_fraction = 0.25  # trimmed_mean drops this fraction of the values at each end, coordinate by coordinate
 clip_factor = 2.0     # first clip each update to 2x the round's median norm (0: off)
 min_contributions = 3 # rounds with fewer updates take the plain weighted mean

@@ -38,7 +38,7 @@ HELP = {
     "inner_optimizer": "adamw | sgd", "warmup_steps": "inner lr warm-up, then cosine to --min-lr",
     "outer_lr": "outer Nesterov SGD lr (1 with --outer-momentum 0: plain averaging)",
     "outer_warmup": "rounds of linear outer-lr warm-up",
-    "aggregation": "the robust rule of the merge: median | trimmed_mean | centered_clip | mean (plain)",
+    "aggregation": "the robust rule of the merge: filtered_mean | median | trimmed_mean | centered_clip | mean (plain)",
     "trim_fraction": "trimmed_mean: drop this fraction of the values at each end, per coordinate",
     "clip_factor": "clip each pseudo-gradient to this x the round's median norm (0: off)",
     "max_norm": "clip each pseudo-gradient to this global L2 norm (0: off)",

@@ -56,7 +56,7 @@ class SimulateConfig:
     outer_momentum: float = 0.9
     nesterov: bool = True
     outer_warmup: int = 0  # rounds of linear outer-lr warm-up
-    aggregation: str = DEFAULT_RULE  # coop.diloco.RULES: median, trimmed_mean, centered_clip, mean
+    aggregation: str = DEFAULT_RULE  # coop.diloco.RULES: filtered_mean, median, trimmed_mean, centered_clip, mean
     trim_fraction: float = DEFAULT_TRIM_FRACTION  # trimmed_mean: drop this fraction at each end
     clip_factor: float = DEFAULT_CLIP_FACTOR  # clip each update to this x the round's median norm (0: off)
     max_norm: float = 0.0  # clip each pseudo-gradient's global norm (0: off)

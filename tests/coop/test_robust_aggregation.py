@@ -10,7 +10,7 @@ from coop.runconfig import EXAMPLE_TOML, parse_run_config
 from coop.simulate.adversary import attack
 
 SHAPES = {"a": (3, 5), "b": (7,)}
-ROBUST = ("trimmed_mean", "median", "centered_clip")
+ROBUST = ("trimmed_mean", "median", "centered_clip", "filtered_mean")
 
 
 def updates_of(seeds, scale=1.0):
@@ -182,3 +182,45 @@ def test_attacks_change_what_is_sent():
     assert global_norm(noise) == pytest.approx(100.0 * global_norm(honest), rel=1e-5)
     with pytest.raises(ValueError, match="attack"):
         attack("krum", honest, 1.0, rng)
+
+
+def _agreeing_updates(count, seed=0):
+    """Updates that share a direction (a common signal plus each replica's own noise), as the
+    pseudo-gradients of replicas that start from the same weights do."""
+    rng = np.random.default_rng(seed)
+    signal = {n: rng.standard_normal(s) for n, s in SHAPES.items()}
+    return [{n: (signal[n] + 0.5 * rng.standard_normal(s)).astype(np.float32) for n, s in SHAPES.items()}
+            for _ in range(count)]
+
+
+def test_filtered_mean_leaves_out_what_points_away_and_averages_the_rest():
+    honest = _agreeing_updates(6)
+    flipped = {n: -100 * a for n, a in honest[0].items()}
+    noise = {n: (100 * np.random.default_rng(9).standard_normal(a.shape)).astype(np.float32) for n, a in honest[1].items()}
+    aggregator = Aggregator(SHAPES, rule="filtered_mean", clip_factor=None)
+    for update in honest + [flipped, noise]:
+        aggregator.add(update, 1.0)
+    result = aggregator.result()
+    assert aggregator.left_out == [6, 7]  # the flipped and the noise update, whatever their norm
+    plain = aggregate(honest, rule="mean")
+    for name in SHAPES:  # and the honest ones keep the mean's full step (no median shrinkage)
+        np.testing.assert_allclose(result[name], plain[name], rtol=1e-5, atol=1e-6)
+
+
+def test_filtered_mean_of_agreeing_updates_is_their_clipped_mean():
+    updates = _agreeing_updates(5, seed=3)
+    weights = [1.0, 2.0, 3.0, 4.0, 5.0]
+    aggregator = Aggregator(SHAPES, rule="filtered_mean", clip_factor=None)
+    for update, weight in zip(updates, weights):
+        aggregator.add(update, weight)
+    result = aggregator.result()
+    assert aggregator.left_out == []
+    plain = aggregate(updates, weights, rule="mean")
+    for name in SHAPES:
+        np.testing.assert_allclose(result[name], plain[name], rtol=1e-5, atol=1e-6)
+
+
+def test_agreeing_is_never_empty_and_needs_a_positive_cosine():
+    assert robust.agreeing(np.array([0.9, 0.8, 0.7, -0.9]), 0.5).tolist() == [0, 1, 2]
+    assert robust.agreeing(np.array([0.9, 0.1, 0.8]), 0.5).tolist() == [0, 2]  # below half the median cosine
+    assert robust.agreeing(np.array([-0.2, -0.5, -0.1]), 0.5).tolist() == [2]  # none agrees: the best one
