@@ -89,7 +89,6 @@ class CoordinatorClient:
             attempt += 1
             time.sleep(delay)
 
-
     def _check_token(self, bearer: str) -> None:
         """After a request with a body failed in transit: is it our token? The coordinator answers
         a 401 before reading the body and closes the connection, which a large upload may see as
