@@ -201,6 +201,7 @@ class GossipSection(Section):
     request_timeout_s: float = Field(10.0, gt=0, le=3600)  # one HTTP request to a peer
     heartbeat_s: float = Field(1.0, gt=0, le=600)  # how often peers exchange member lists
     dead_after_s: float = Field(5.0, gt=0, le=3600)  # no contact for this long: the member is dropped
+    body_timeout_s: float = Field(300.0, gt=0, le=86400)  # to send one update body to a peer; then 408
 
     @model_validator(mode="after")
     def _dead_after_heartbeats(self) -> GossipSection:
@@ -425,6 +426,7 @@ joins_per_minute = 30  # per client address; beyond: 429 with Retry-After
 group_size = 2         # peers per exchange group, this one included
 mix_weights = true     # also average the group's copies of the global weights
 exchange_timeout_s = 30
+body_timeout_s = 300   # to send one update body to this peer, then 408
 request_timeout_s = 10
 heartbeat_s = 1
 dead_after_s = 5

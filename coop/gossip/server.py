@@ -16,9 +16,9 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from coop import __version__
-from coop.serving import server_config
 from coop.gossip.node import PeerError, PeerState
 from coop.gossip.protocol import (
     MAX_JSON_BYTES,
@@ -30,6 +30,7 @@ from coop.gossip.protocol import (
     Status,
     UpdateAccepted,
 )
+from coop.serving import server_config
 
 BINARY = "application/octet-stream"
 BODY_TIMEOUT_S = 300.0  # to send one body (peers' own requests give up after request_timeout_s)
@@ -38,7 +39,7 @@ _MEANING = {
     400: "malformed body or Content-Length",
     401: "missing or wrong swarm token",
     403: "another swarm's message, or a sender that is not a member",
-    408: f"the body did not arrive within {BODY_TIMEOUT_S:g} s",
+    408: "the body did not arrive in time ([gossip] body_timeout_s for updates)",
     409: "the round is closed or too far ahead here, or this update came already",
     410: "this peer has finished or stopped: talk to another peer",
     413: "the body is over this endpoint's limit",
@@ -171,10 +172,14 @@ def create_app(node: PeerState) -> FastAPI:
             raise
         node.precheck_update(round_index)  # a stale round is refused before its body is read
         try:
-            body = await read_body(request, node.update_limit())
+            body = await read_body(request, node.update_limit(), node.config.gossip.body_timeout_s)
         except PeerError:
             node.count_refused()
             raise
+        except ClientDisconnect:  # the sender went away mid-body: nobody to answer, one line, no traceback
+            node.count_refused()
+            node.log(f"an update for round {round_index} was aborted by its sender mid-body")
+            return Response(status_code=400)
         return await run_in_threadpool(node.receive_update, round_index, body)
 
     return app

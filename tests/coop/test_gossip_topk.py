@@ -99,3 +99,4 @@ def test_topk_error_feedback_carries_its_residual_across_gossip_rounds(swarm):
             total = sum(c["update"][name] for c in calls).reshape(-1)
             delivered = sum(c["sent"][name] for c in calls).reshape(-1) + calls[-1]["after"][name]
             np.testing.assert_allclose(delivered, total, rtol=1e-5, atol=1e-6, err_msg=name)
+
