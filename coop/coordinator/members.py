@@ -36,6 +36,7 @@ class WorkerRecord:
     rounds: int = 0  # accepted updates
     tokens: int = 0  # tokens trained on, over accepted updates
     rejected: int = 0
+    stale_in_a_row: int = 0  # updates refused as stale since the last accepted one (a starved worker)
     bytes_up: int = 0
     bytes_down: int = 0
     first_update_round: int | None = None

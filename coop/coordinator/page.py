@@ -144,6 +144,8 @@ def render_page(status: dict[str, Any]) -> str:
         for w in workers:
             state = "left" if w["left"] else ("active" if w["active"] else "silent")
             cls = "on" if state == "active" else "off"
+            if w.get("stale_in_a_row", 0) >= 2:  # refused as stale again and again: starved by the deadline
+                state, cls = f"{state}, {w['stale_in_a_row']} late in a row", "off"
             out.append(f"<tr><td>{html.escape(w['id'])}</td><td>{html.escape(w['name'])}</td>"
                        f"<td>{html.escape(w['device'])}</td><td class='{cls}'>{state}</td><td>{w['shard']}</td>"
                        f"<td>{w['joined_round']}</td><td>{w['rounds']}</td><td>{w['rejected']}</td>"

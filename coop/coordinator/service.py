@@ -267,6 +267,11 @@ class Coordinator:
     def reject(self, record: WorkerRecord | None, reason: str) -> None:
         if record is not None:
             record.rejected += 1
+            if reason == "stale":
+                record.stale_in_a_row += 1
+                if record.stale_in_a_row == 2:
+                    log.warning("worker %s (%s): 2 updates in a row came after their round closed; it is too slow "
+                                "for the round deadline and contributes nothing", record.id, record.name)
         self.totals["updates_rejected"] += 1
         self.metrics.updates.labels(reason).inc()
 
@@ -297,6 +302,7 @@ class Coordinator:
             loss = meta.get("loss")
             self.machine.record(Report(record.id, tokens, loss, seconds, nbytes), round_number)
             record.rounds += 1
+            record.stale_in_a_row = 0
             record.tokens += tokens
             record.bytes_up += nbytes
             record.last_round = round_number

@@ -87,6 +87,7 @@ class Worker:
         self.run_info: dict[str, Any] = {}
         self.contributed = 0
         self.stale = 0
+        self.refused_in_a_row = 0  # reset by an accepted update
         self.tokens = 0
         self.last_loss: float | None = None
         self.started = time.monotonic()
@@ -183,6 +184,7 @@ class Worker:
         """Count and show one round; True when the worker should stop (run done or --max-rounds reached)."""
         delivery = report.outcome
         if delivery.outcome == "accepted":
+            self.refused_in_a_row = 0
             self.contributed += 1
             self.tokens += report.result.tokens
             self.last_loss = report.result.mean_loss
@@ -195,7 +197,12 @@ class Worker:
             self.say(f"round {report.round}: not sent, {report.refused}; starting again from the global weights")
             return False
         self.stale += 1
+        self.refused_in_a_row += 1
         self.say(f"round {report.round}: update refused ({delivery.outcome}); resynchronising")
+        if self.refused_in_a_row == 2:
+            self.say(f"{self.refused_in_a_row} updates in a row were refused: this worker finishes its rounds after "
+                     "the others' deadline closes them, so its GPU time counts for nothing; a faster device, or a "
+                     "run with a longer deadline ([coordinator] deadline_factor, min_deadline_s), would let it count")
         return delivery.done
 
     def _progress(self, round_number: int, result, nbytes: int) -> None:

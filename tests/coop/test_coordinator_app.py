@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 from coop.codec import get_codec
 from coop.coordinator.app import create_app
 from coop.coordinator.members import Members
+from coop.coordinator.page import render_page
 from coop.coordinator.service import Coordinator
 from coop.coordinator.state import load_run
 from coop.runconfig import RunConfig
@@ -187,3 +188,15 @@ def test_restored_members_are_unconfirmed_until_heard_from():
     restored.authenticate(alive_token).seen(131.0)
     assert restored.active(131.0, timeout_s=60.0) == {alive.id}
     assert restored.workers[dead.id].public(131.0, 60.0)["active"] is False
+
+
+def test_a_worker_refused_as_stale_twice_in_a_row_is_flagged_until_it_counts_again(tmp_path):
+    coordinator = Coordinator(tiny(), tmp_path / "state", None)
+    record, _ = coordinator.members.join("slow", "cpu", now=coordinator.clock(), round_number=0)
+    coordinator.reject(record, "stale")
+    assert record.stale_in_a_row == 1 and "late in a row" not in render_page(coordinator.status())
+    coordinator.reject(record, "invalid")  # another kind of refusal does not count as lateness
+    coordinator.reject(record, "stale")
+    assert record.stale_in_a_row == 2
+    assert "2 late in a row" in render_page(coordinator.status())
+    assert next(w for w in coordinator.status()["workers"] if w["id"] == record.id)["stale_in_a_row"] == 2
