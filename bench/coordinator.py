@@ -145,7 +145,7 @@ def _metric(text: str, name: str) -> float:
 def bench_worker(url: str, seed: int, codec_name: str) -> None:
     from coop.codec import get_codec
     from coop.wire import pack
-    from coop.coordinator.client import upload_chunks
+    from coop.wire import upload_chunks
 
     http = httpx.Client(base_url=url, timeout=httpx.Timeout(3600, connect=30))
     info = http.post("/v1/join", json={"name": f"bench{seed}"}).json()

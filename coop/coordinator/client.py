@@ -6,7 +6,6 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -14,7 +13,6 @@ import httpx
 from ..progress import format_duration
 
 log = logging.getLogger("coop.worker")
-UPLOAD_CHUNK = 8 << 20  # memoryview slices of 8 MB: httpx uploads them ~6x faster than one bytes object
 
 
 class WorkerError(Exception):
@@ -23,12 +21,6 @@ class WorkerError(Exception):
 
 class NeedsRejoin(Exception):
     """The coordinator does not know our token (it lost its state, or we were removed): join again."""
-
-
-def upload_chunks(body: bytes | bytearray | memoryview, chunk: int = UPLOAD_CHUNK) -> Iterator[memoryview]:
-    view = memoryview(body).cast("B")
-    for start in range(0, view.nbytes, chunk):
-        yield view[start : start + chunk]
 
 
 class CoordinatorClient:

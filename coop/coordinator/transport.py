@@ -18,8 +18,8 @@ import httpx
 import numpy as np
 
 from ..round import Contribution, RoundStart
-from ..wire import WireError, pack, unpack
-from .client import CoordinatorClient, WorkerError, upload_chunks
+from ..wire import WireError, pack, unpack, upload_chunks
+from .client import CoordinatorClient, WorkerError
 
 
 @dataclass

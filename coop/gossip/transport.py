@@ -19,15 +19,9 @@ from coop.gossip.node import PeerState
 from coop.gossip.payload import pack_encoded
 from coop.gossip.protocol import Member
 from coop.round import Contribution, RoundStart
+from coop.wire import upload_chunks
 
-CHUNK = 8 << 20  # upload bodies in 8 MB memoryview slices: httpx is ~6x faster than with one bytes body
 RETRY_SECONDS = 0.25  # between attempts to deliver an update to a partner that is behind
-
-
-def _chunks(body: bytes):
-    view = memoryview(body)
-    for start in range(0, len(view), CHUNK):
-        yield view[start : start + CHUNK]
 
 
 class GossipTransport:
@@ -63,7 +57,7 @@ class GossipTransport:
         node = self.node
         try:
             with node._client() as client:
-                response = client.post(f"{member.url}/v1/gossip/{round_index}", content=_chunks(body),
+                response = client.post(f"{member.url}/v1/gossip/{round_index}", content=upload_chunks(body),
                                        headers={"content-type": "application/octet-stream",
                                                 "content-length": str(len(body))})
         except httpx.HTTPError as error:
