@@ -322,9 +322,12 @@ class NesterovSGD:
     Defaults are DiLoCo's (lr 0.7, momentum 0.9, Nesterov). lr 1 and momentum 0 is plain
     averaging: the new global weights are the mean of the replicas' weights (see `plain_averaging`).
     Optional linear warm-up: lr_t = lr * min(1, (t + 1) / warmup_steps) at outer step t = 0, 1, ...
+    Optional cosine decay: from the end of the warm-up to outer step `decay_steps` the lr falls
+    from lr to lr * min_lr_factor (and stays there), as the inner schedule does.
     """
 
-    def __init__(self, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True, warmup_steps: int = 0):
+    def __init__(self, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True, warmup_steps: int = 0,
+                 decay_steps: int = 0, min_lr_factor: float = 0.1):
         if not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"outer lr must be positive, got {lr!r}")
         if not 0.0 <= momentum < 1.0:
@@ -333,6 +336,12 @@ class NesterovSGD:
             raise ValueError("Nesterov needs momentum > 0; use nesterov=False for momentum 0")
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps!r}")
+        if decay_steps < 0 or (decay_steps and decay_steps <= warmup_steps):
+            raise ValueError(f"decay_steps must be 0 (no decay) or more than warmup_steps ({warmup_steps}), "
+                             f"got {decay_steps!r}")
+        if not 0.0 <= min_lr_factor <= 1.0:
+            raise ValueError(f"min_lr_factor must be in [0, 1], got {min_lr_factor!r}")
+        self.decay_steps, self.min_lr_factor = int(decay_steps), float(min_lr_factor)
         self.lr = float(lr)
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
@@ -341,10 +350,14 @@ class NesterovSGD:
         self.momentum_buffer: dict[str, np.ndarray] = {}
 
     def current_lr(self) -> float:
-        """The lr the next step will use (after warm-up)."""
-        if self.warmup_steps == 0:
+        """The lr the next step will use (warm-up, then the cosine decay if any)."""
+        t = self.step_count
+        if t < self.warmup_steps:
+            return self.lr * (t + 1) / self.warmup_steps
+        if self.decay_steps == 0:
             return self.lr
-        return self.lr * min(1.0, (self.step_count + 1) / self.warmup_steps)
+        progress = min(1.0, (t - self.warmup_steps) / (self.decay_steps - self.warmup_steps))
+        return self.lr * (self.min_lr_factor + (1 - self.min_lr_factor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
     def step(self, global_weights: dict[str, np.ndarray], pseudo_grad: Weights) -> None:
         """Move `global_weights` (float32 arrays, modified in place) along the aggregated pseudo-gradient."""
@@ -385,23 +398,31 @@ class NesterovSGD:
             "momentum": self.momentum,
             "nesterov": self.nesterov,
             "warmup_steps": self.warmup_steps,
+            "decay_steps": self.decay_steps,
+            "min_lr_factor": self.min_lr_factor,
             "step_count": self.step_count,
             "momentum_buffer": {name: buffer.copy() for name, buffer in self.momentum_buffer.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what `state_dict` returned (hyper-parameters included, like torch)."""
+        """Restore what `state_dict` returned (hyper-parameters included, like torch). States saved
+        before the decay existed (no decay_steps / min_lr_factor) load as no decay."""
         required = {"lr", "momentum", "nesterov", "warmup_steps", "step_count", "momentum_buffer"}
-        if set(state) != required:
-            raise ValueError(f"outer optimizer state must have keys {sorted(required)}, got {sorted(state)}")
+        optional = {"decay_steps", "min_lr_factor"}
+        if not required <= set(state) <= required | optional:
+            raise ValueError(f"outer optimizer state must have keys {sorted(required)} (and optionally "
+                             f"{sorted(optional)}), got {sorted(state)}")
         buffers = state["momentum_buffer"]
         for name, buffer in buffers.items():
             if not (isinstance(buffer, np.ndarray) and buffer.dtype == np.float32 and np.isfinite(buffer).all()):
                 got = getattr(buffer, "dtype", type(buffer).__name__)
                 raise ValueError(f"momentum buffer {name!r} must be a finite float32 array, got {got}")
-        restored = NesterovSGD(float(state["lr"]), float(state["momentum"]), bool(state["nesterov"]), int(state["warmup_steps"]))
+        restored = NesterovSGD(float(state["lr"]), float(state["momentum"]), bool(state["nesterov"]),
+                               int(state["warmup_steps"]), int(state.get("decay_steps", 0)),
+                               float(state.get("min_lr_factor", 0.1)))
         self.lr, self.momentum = restored.lr, restored.momentum
         self.nesterov, self.warmup_steps = restored.nesterov, restored.warmup_steps
+        self.decay_steps, self.min_lr_factor = restored.decay_steps, restored.min_lr_factor
         self.step_count = int(state["step_count"])
         self.momentum_buffer = {name: buffer.copy() for name, buffer in buffers.items()}
 

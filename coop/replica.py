@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -74,6 +75,8 @@ class Replica:
                                        warmup_steps=c.warmup_steps, total_steps=c.total_steps,
                                        precision=c.precision, grad_clip=c.grad_clip, graph=graph)
         self.tokens_seen = 0
+        self.anchor: dict[str, np.ndarray] = {}  # global weights last loaded: what deltas are taken against
+        self.sent_at: dict[str, np.ndarray] = {}  # local weights when last sent, until their merge is loaded
 
     @property
     def step(self) -> int:
@@ -103,17 +106,67 @@ class Replica:
         return weights_of(self.model)
 
     def load_global(self, global_weights: dict[str, np.ndarray]) -> None:
-        load_weights(self.model, global_weights)
+        """Start over from the global weights: all of them loaded and made the anchor."""
+        self.reset_anchor()
+        self.apply_merge(global_weights)
 
-    def run_round(self, global_weights: dict[str, np.ndarray], inner_steps: int) -> RoundResult:
-        """Start from the global weights, take `inner_steps` (K) inner steps, return the pseudo-gradient."""
+    def evaluate_weights(self, weights: dict[str, np.ndarray], data: TokenDataset, batches: int = 8) -> float:
+        """`evaluate` of other weights (e.g. the global ones) on this replica's model, which is
+        left as it was: the local weights of a streaming replica keep training afterwards."""
+        local = self.weights()
+        load_weights(self.model, weights)
+        try:
+            return self.evaluate(data, batches)
+        finally:
+            load_weights(self.model, local)
+
+    def run_round(self, global_weights: dict[str, np.ndarray], inner_steps: int, *,
+                  merged: Collection[str] | None = None, send: Collection[str] | None = None,
+                  apply_after: int = 0) -> RoundResult:
+        """Take `inner_steps` (K) inner steps from the global weights, return the pseudo-gradient.
+
+        Plain DiLoCo uses the defaults: load every global weight, train, send global - local.
+        Streaming DiLoCo (coop.streaming) loads only the fragment the last round `merged` and
+        sends only the fragment this round's merge takes (`send`); every other tensor trains on.
+        With overlap (`apply_after` > 0) the merge arrives that many inner steps into the round:
+        the steps taken since the update was sent are kept on top of it (one-step-delayed outer
+        update), local <- global + (local - local_when_sent), as streaming DiLoCo's overlap and
+        "eager updates" do. Each pseudo-gradient is taken against the global weights last loaded
+        (the anchor), so nothing is counted twice or lost; apply_after = 0 is plain DiLoCo exactly."""
         start = time.perf_counter()
-        self.load_global(global_weights)
-        losses = [self.train_step() for _ in range(inner_steps)]
+        if not self.anchor:  # the first round (or after a reset): everything from the global weights
+            merged, apply_after = None, 0
+        names = list(global_weights) if merged is None else list(merged)
+        apply_after = min(apply_after, inner_steps) if any(n in self.sent_at for n in names) else 0
+        losses = [self.train_step() for _ in range(apply_after)]
+        self.apply_merge({n: global_weights[n] for n in names}, keep_progress=apply_after > 0)
+        losses += [self.train_step() for _ in range(inner_steps - apply_after)]
         losses = [float(v) for v in engine.stack(losses).numpy()] if losses else []  # one sync per round
-        delta = pseudo_gradient(global_weights, self.weights())
+        local = self.weights()
+        sent = list(local) if send is None else list(send)
+        delta = pseudo_gradient({n: self.anchor[n] for n in sent}, {n: local[n] for n in sent})
+        self.sent_at = {n: local[n] for n in sent}
         return RoundResult(delta, inner_steps * self.inner.batch_size * self.inner.block_size, losses,
                            time.perf_counter() - start)
+
+    def apply_merge(self, global_weights: dict[str, np.ndarray], keep_progress: bool = False) -> None:
+        """Load merged global weights (all or a fragment) and make them the anchor of the next
+        pseudo-gradient; with keep_progress, the steps taken since sending are added on top."""
+        if keep_progress:
+            local = self.weights()
+            loaded = {n: w + (local[n] - self.sent_at[n]) if n in self.sent_at else w
+                      for n, w in global_weights.items()}
+        else:
+            loaded = global_weights
+        load_weights(self.model, loaded, partial=True)
+        for name, weight in global_weights.items():
+            self.anchor[name] = np.array(weight, dtype=np.float32)  # a copy: the caller's arrays move on
+            self.sent_at.pop(name, None)
+
+    def reset_anchor(self) -> None:
+        """Forget the anchor and what was sent: the next round loads every global weight (a replica
+        that missed merges, or rejoined, must not take a pseudo-gradient against stale weights)."""
+        self.anchor, self.sent_at = {}, {}
 
     def evaluate(self, data: TokenDataset, batches: int = 8, seed: int = 1234) -> float:
         """Mean loss over `batches` fixed random windows of `data` (the same windows every call),

@@ -38,6 +38,12 @@ class RoundStart:
     round: int
     weights: dict[str, np.ndarray]
     inner_step: int | None = None
+    # streaming DiLoCo (coop.streaming): the tensors the last merge changed (None: all of them)
+    # and the fragment this round's merge takes (None: the whole model)
+    merged: list[str] | None = None
+    send: list[str] | None = None
+    apply_after: int = 0  # overlap: the merge is applied this many inner steps into the round
+    reset: bool = False  # the replica missed merges: start afresh from `weights` (all of them)
 
 
 @dataclass
@@ -99,7 +105,10 @@ class RoundLoop:
             return None
         if start.inner_step is not None:
             self.replica.step = start.inner_step
-        result = self.replica.run_round(start.weights, self.inner_steps)
+        if start.reset:
+            self.replica.reset_anchor()
+        result = self.replica.run_round(start.weights, self.inner_steps, merged=start.merged, send=start.send,
+                                        apply_after=start.apply_after)
         try:
             contribution = Contribution(start.round, self.codec.encode(result.pseudo_gradient), self.codec, result)
         except ValueError as error:  # NaN/inf: the replica diverged; its update must not count

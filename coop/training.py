@@ -35,9 +35,15 @@ def weights_of(model: engine.nn.Module) -> dict[str, np.ndarray]:
     return {name: np.array(p.numpy(), dtype=np.float32) for name, p in model.named_parameters()}
 
 
-def load_weights(model: engine.nn.Module, weights: dict[str, np.ndarray]) -> None:
+def load_weights(model: engine.nn.Module, weights: dict[str, np.ndarray], partial: bool = False) -> None:
+    """Copy `weights` into the model's parameters: all of them, or (partial) the ones named."""
     params = dict(model.named_parameters())
-    if set(params) != set(weights):
+    if partial:
+        unknown = sorted(set(weights) - set(params))
+        if unknown:
+            raise KeyError(f"weights do not match the model: unexpected {unknown[:5]}")
+        params = {name: params[name] for name in weights}
+    elif set(params) != set(weights):
         missing, extra = sorted(set(params) - set(weights)), sorted(set(weights) - set(params))
         raise KeyError(f"weights do not match the model: missing {missing[:5]}, unexpected {extra[:5]}")
     with engine.no_grad():

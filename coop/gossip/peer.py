@@ -227,8 +227,7 @@ class PeerNode(PeerState):
         rounds = self.config.rounds
         progress = Progress(total=rounds.max_rounds, start=self.round, quiet=self.quiet)
         if rounds.eval_every:  # the starting point, so that "the loss fell" can be read off the status
-            self.replica.load_global(self.global_weights)
-            self.initial_val = self.replica.evaluate(self.val_data, rounds.eval_batches)
+            self.initial_val = self.replica.evaluate_weights(self.global_weights, self.val_data, rounds.eval_batches)
         loop = RoundLoop(self.replica, self.codec, GossipTransport(self), self.config.inner.inner_steps)
         while True:
             started = time.perf_counter()
@@ -250,8 +249,7 @@ class PeerNode(PeerState):
         partners, received, cd, next_round = report.outcome
         val_loss = None
         if rounds.eval_every and (round_index + 1) % rounds.eval_every == 0:
-            self.replica.load_global(self.global_weights)
-            val_loss = self.replica.evaluate(self.val_data, rounds.eval_batches)
+            val_loss = self.replica.evaluate_weights(self.global_weights, self.val_data, rounds.eval_batches)
         record = RoundRecord(round=round_index, loss=result.mean_loss if math.isfinite(result.mean_loss) else None,
                              val_loss=val_loss, consensus_distance=cd, partners=partners, received_from=received,
                              seconds=time.perf_counter() - started)

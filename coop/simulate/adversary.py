@@ -41,7 +41,7 @@ class AdversarialReplica(Replica):
         self.attack, self.attack_scale = attack, float(attack_scale)
         self.attack_rng = np.random.default_rng(attack_seed)
 
-    def run_round(self, global_weights: dict[str, np.ndarray], inner_steps: int) -> RoundResult:
-        result = super().run_round(global_weights, inner_steps)
+    def run_round(self, global_weights: dict[str, np.ndarray], inner_steps: int, **options) -> RoundResult:
+        result = super().run_round(global_weights, inner_steps, **options)
         result.pseudo_gradient = attack(self.attack, result.pseudo_gradient, self.attack_scale, self.attack_rng)
         return result

@@ -56,6 +56,12 @@ class SimulateConfig:
     outer_momentum: float = 0.9
     nesterov: bool = True
     outer_warmup: int = 0  # rounds of linear outer-lr warm-up
+    outer_decay: bool = False  # cosine decay of the outer lr over the run, to outer_min_lr_factor x
+    outer_min_lr_factor: float = 0.1
+    # streaming DiLoCo (coop.streaming) and overlap
+    fragments: int = 1  # P: the model in P fragments merged in turn; a round is K / P inner steps
+    overlap_steps: int = 0  # the merge is applied this many inner steps into the next round (one-step delay)
+    warm_start_steps: int = 0  # synchronous (DDP) inner steps before going local, a multiple of K
     aggregation: str = DEFAULT_RULE  # coop.diloco.RULES: filtered_mean, median, trimmed_mean, centered_clip, mean
     trim_fraction: float = DEFAULT_TRIM_FRACTION  # trimmed_mean: drop this fraction at each end
     clip_factor: float = DEFAULT_CLIP_FACTOR  # clip each update to this x the round's median norm (0: off)
@@ -85,10 +91,22 @@ class SimulateConfig:
                   ("drop-prob", self.drop_prob, 0 <= self.drop_prob < 1, "in [0, 1)"),
                   ("aggregation", self.aggregation, self.aggregation in RULES, " | ".join(RULES)),
                   ("adversaries", self.adversaries, 0 <= self.adversaries <= self.replicas, "in [0, replicas]"),
-                  ("attack", self.attack, self.attack in ATTACKS, " | ".join(ATTACKS))]
+                  ("attack", self.attack, self.attack in ATTACKS, " | ".join(ATTACKS)),
+                  ("fragments", self.fragments, self.fragments >= 1 and self.inner_steps % self.fragments == 0,
+                   f"at least 1 and dividing --inner-steps {self.inner_steps}"),
+                  ("overlap-steps", self.overlap_steps,
+                   0 <= self.overlap_steps < self.inner_steps // max(1, self.fragments),
+                   f"in [0, K / fragments = {self.inner_steps // max(1, self.fragments)})"),
+                  ("warm-start-steps", self.warm_start_steps,
+                   self.warm_start_steps >= 0 and self.warm_start_steps % self.inner_steps == 0,
+                   f"a multiple of --inner-steps {self.inner_steps}"),
+                  ("outer-min-lr-factor", self.outer_min_lr_factor, 0 <= self.outer_min_lr_factor <= 1, "in [0, 1]")]
         bad = [f"--{name} {value!r} (expected {expected})" for name, value, ok, expected in checks if not ok]
         if bad:
             raise ValueError(f"coop simulate: bad option(s): {'; '.join(bad)}")
+        if self.warm_start_steps and self.warm_start_steps >= self.total_rounds * self.inner_steps:
+            raise ValueError(f"coop simulate: --warm-start-steps {self.warm_start_steps} leaves no local rounds "
+                             f"(the run has {self.total_rounds * self.inner_steps} inner steps)")
         if self.rounds is not None and self.tokens is not None:
             raise ValueError("coop simulate: give --rounds or --tokens, not both")
         for name in [*self.compression, self.downlink]:
@@ -113,6 +131,16 @@ class SimulateConfig:
         if self.tokens is not None:
             return max(1, math.ceil(self.tokens / self.tokens_per_round))
         return 6 if self.rounds is None else self.rounds
+
+    @property
+    def round_steps(self) -> int:
+        """Inner steps of one round of the loop: K, or K / P when streaming P fragments."""
+        return self.inner_steps // self.fragments
+
+    @property
+    def warm_rounds(self) -> int:
+        """Rounds (of K steps) trained synchronously before the local rounds start."""
+        return self.warm_start_steps // self.inner_steps
 
     def join_rounds(self) -> dict[int, int]:
         """replica -> first round it takes part in (from --join-at replica:round)."""

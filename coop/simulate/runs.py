@@ -28,22 +28,33 @@ class RunResult:
 
 
 def run_diloco(setup: Setup, codec_name: str, jsonl: Path | None = None) -> RunResult:
+    """One DiLoCo run: the warm start (synchronous steps) if asked for, then the local rounds.
+    A point is logged every K inner steps; with P fragments that is every P rounds of the loop."""
     cfg = setup.cfg
-    n, inner_steps, rounds = cfg.replicas, cfg.inner_steps, cfg.total_rounds
+    n, rounds, parts = cfg.replicas, cfg.total_rounds, cfg.fragments
+    steps = cfg.round_steps  # inner steps of one round of the loop: K / P
     joins = cfg.join_rounds()
-    inner = inner_config(cfg, cfg.batch_size, rounds * inner_steps)
-    topology = TOPOLOGIES[cfg.topology](setup)
-    loops = [RoundLoop(new_replica(setup, setup.shards[i], inner, data_seed(cfg.seed, i), **adversary(cfg, i)),
-                       codec_for(cfg, codec_name),  # one per sender, kept across rounds: top-k keeps its residual
-                       InProcessTransport(topology, i, inner_steps), inner_steps) for i in range(n)]
-    churn = np.random.default_rng([cfg.seed, 7])
+    inner = inner_config(cfg, cfg.batch_size, rounds * cfg.inner_steps)
     name = f"{'diloco' if cfg.topology == 'star' else cfg.topology}-{codec_name}" + (f"-{cfg.tag}" if cfg.tag else "")
     rec = report.RunLog(name, n, rounds, jsonl, cfg.quiet)
-    version, holds = 0, {i: 0 for i in range(n) if joins.get(i, 0) == 0}  # replica -> merge it holds
-    for r in range(rounds):
-        active = [i for i in range(n) if joins.get(i, 0) <= r]
+    initial, optimizer_state = warm_start(setup, rec) if cfg.warm_rounds else (setup.initial, None)
+    first = cfg.warm_rounds * parts  # the loop's first round
+    topology = TOPOLOGIES[cfg.topology](setup, initial, first)
+    loops = []
+    for i in range(n):
+        replica = new_replica(setup, setup.shards[i], inner, data_seed(cfg.seed, i), **adversary(cfg, i))
+        if optimizer_state is not None:  # every replica goes local from the synchronous phase's state
+            replica.load_global(initial)
+            replica.optimizer.load_state_dict(optimizer_state)
+        loops.append(RoundLoop(replica, codec_for(cfg, codec_name),  # one codec per sender: top-k keeps its residual
+                               InProcessTransport(topology, i, steps, cfg.overlap_steps), steps))
+    churn = np.random.default_rng([cfg.seed, 7])
+    version, holds = 0, {i: 0 for i in range(n) if joins.get(i, 0) <= cfg.warm_rounds}  # replica -> merge it holds
+    losses, tokens, contributed = [], 0, set()
+    for r in range(first, rounds * parts):
+        point = r // parts  # the point (of K steps) this round belongs to
+        active = [i for i in range(n) if joins.get(i, 0) <= point]
         taking_part = [i for i in active if not (churn.random() < cfg.drop_prob)]
-        losses = []
         for i in taking_part:
             if holds.get(i) != version:  # a late joiner, or back after a missed round: the full weights
                 rec.received[i] += setup.fp32_bytes
@@ -51,20 +62,42 @@ def run_diloco(setup: Setup, codec_name: str, jsonl: Path | None = None) -> RunR
             losses.append(round_report.result.mean_loss)
             if round_report.refused:
                 topology.refused.append(f"round {r} replica {i}: {round_report.refused}")
-        contributed = sorted(topology.inbox.updates)
-        tokens = sum(topology.inbox.tokens.values())
+        filed = sorted(topology.inbox.updates)
+        tokens += sum(topology.inbox.tokens.values())
         merged = close_round(topology)
         if merged is not None:
             bytes_sent, bytes_received = merged
             version += 1
-            for i in contributed:
+            for i in filed:
                 rec.sent[i] += bytes_sent.get(i, 0)
                 rec.received[i] += bytes_received.get(i, 0)
                 holds[i] = version
-        rec.point(r + 1, (r + 1) * inner_steps, float(np.mean(losses)) if losses else math.nan,
-                  evaluate(setup, topology.eval_weights()), tokens, contributed,
-                  consensus_distance=topology.consensus_distance())
+        contributed |= set(filed)
+        if (r + 1) % parts == 0:
+            rec.point(point + 1, (point + 1) * cfg.inner_steps, float(np.mean(losses)) if losses else math.nan,
+                      evaluate(setup, topology.eval_weights()), tokens, sorted(contributed),
+                      consensus_distance=topology.consensus_distance())
+            losses, tokens, contributed = [], 0, set()
     return RunResult(name, rec.records, copy_weights(topology.eval_weights()), topology.refused)
+
+
+def warm_start(setup: Setup, rec: report.RunLog) -> tuple[dict[str, np.ndarray], dict]:
+    """The synchronous phase before going local (DiLoCo's warm start): --warm-start-steps steps of
+    data parallel training at batch N x B, exactly the ddp baseline's first steps (same batches,
+    same schedule), logged every K steps with DDP's traffic. Returns its weights and AdamW state."""
+    cfg = setup.cfg
+    n, inner_steps = cfg.replicas, cfg.inner_steps
+    seeds = [data_seed(cfg.seed, i) for i in range(n)]
+    ddp = new_replica(setup, setup.shards[0], inner_config(cfg, n * cfg.batch_size, cfg.total_rounds * inner_steps),
+                      seeds[0], cls=DataParallelReplica, shards=setup.shards, seeds=seeds)
+    for r in range(cfg.warm_rounds):
+        losses = engine.stack([ddp.train_step() for _ in range(inner_steps)]).numpy()
+        for i in range(n):
+            rec.sent[i] += setup.fp32_bytes * inner_steps
+            rec.received[i] += setup.fp32_bytes * inner_steps
+        rec.point(r + 1, (r + 1) * inner_steps, float(np.mean(losses)), evaluate(setup, ddp.weights()),
+                  inner_steps * n * cfg.batch_size * cfg.block_size, list(range(n)))
+    return ddp.weights(), ddp.optimizer.state_dict()
 
 
 def adversary(cfg: SimulateConfig, i: int) -> dict:

@@ -90,7 +90,12 @@ def new_replica(setup: Setup, data: TokenDataset, inner: InnerConfig, seed: int,
 
 
 def outer_optimizer(cfg: SimulateConfig) -> NesterovSGD:
-    return NesterovSGD(cfg.outer_lr, cfg.outer_momentum, cfg.nesterov and cfg.outer_momentum > 0, cfg.outer_warmup)
+    """One outer optimizer (of the model, or of one fragment: each gets one outer step per K
+    inner steps). --outer-decay: cosine over the local rounds, to --outer-min-lr-factor x lr."""
+    outer_steps = cfg.total_rounds - cfg.warm_rounds
+    decay = outer_steps if cfg.outer_decay and outer_steps > cfg.outer_warmup else 0
+    return NesterovSGD(cfg.outer_lr, cfg.outer_momentum, cfg.nesterov and cfg.outer_momentum > 0, cfg.outer_warmup,
+                       decay, cfg.outer_min_lr_factor)
 
 
 def copy_weights(weights: Weights) -> dict[str, np.ndarray]:

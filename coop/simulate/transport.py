@@ -5,6 +5,12 @@ decodes it as a receiver would (bytes counted exactly); once every replica takin
 trained, the simulator closes the round and the merge makes the next round's weights. Two merges
 (topologies): `star`, one global model and the outer optimizer, as the HTTP coordinator does;
 `gossip`, coop.gossip.merge's rule, as the peers do.
+
+Streaming (--fragments P, coop.streaming): round r merges fragment r mod P only, with that
+fragment's own outer optimizer (and aggregator); a replica loads the fragment merged last round
+and trains the rest on. With --overlap-steps the merge is applied that many steps into the next
+round (the replica's `apply_after`): the simulator computes it at the round's close, as a real
+merge would be computed while the replicas go on training.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import numpy as np
 
 from ..diloco import Weights, shapes_of
 from ..round import Contribution, RoundStart
+from ..streaming import fragments
 from .config import codec_for
 from .setup import Setup, copy_weights, outer_optimizer
 
@@ -34,20 +41,38 @@ class Inbox:
 
 class InProcessTransport:
     """Replica `index`'s side of the in-process exchange: it trains round `topology.round` from
-    `topology.base_for(index)`, on the simulator's one inner schedule, and files its update."""
+    `topology.base_for(index)`, on the simulator's one inner schedule, and files its update.
+    A replica that did not file the last round's update (it missed the round, joined late or
+    diverged) starts afresh from the global weights (`reset`): it did not see every merge."""
 
-    def __init__(self, topology, index: int, inner_steps: int):
-        self.topology, self.index, self.inner_steps = topology, index, inner_steps
+    def __init__(self, topology, index: int, round_steps: int, overlap_steps: int = 0):
+        self.topology, self.index, self.round_steps, self.overlap_steps = topology, index, round_steps, overlap_steps
+        self.filed: int | None = None  # the last round whose update this replica filed
 
     def begin(self) -> RoundStart:
-        r = self.topology.round
-        return RoundStart(r, self.topology.base_for(self.index), inner_step=r * self.inner_steps)
+        r, parts = self.topology.round, self.topology.parts
+        continuing = self.filed == r - 1
+        streaming = len(parts) > 1
+        return RoundStart(r, self.topology.base_for(self.index), inner_step=r * self.round_steps,
+                          merged=parts[(r - 1) % len(parts)] if streaming and continuing else None,
+                          send=parts[r % len(parts)] if streaming else None,
+                          apply_after=self.overlap_steps if continuing else 0, reset=not continuing)
 
     def exchange(self, round_index: int, contribution: Contribution | None) -> str:
         if contribution is None:  # NaN/inf: the replica diverged; its update must not count
+            self.filed = None
             return "diverged"
         self.topology.inbox.add(self.index, contribution)
+        self.filed = round_index
         return "filed"
+
+
+def fragment_parts(setup: Setup) -> list[list[str]]:
+    return fragments(setup.initial, setup.cfg.fragments)
+
+
+def fragment_bytes(weights: Weights, names: list[str]) -> int:
+    return sum(4 * weights[n].size for n in names)
 
 
 class StarTopology:
@@ -58,15 +83,17 @@ class StarTopology:
 
     name = "star"
 
-    def __init__(self, setup: Setup):
+    def __init__(self, setup: Setup, initial: Weights | None = None, first_round: int = 0):
         cfg = setup.cfg
         self.cfg, self.fp32_bytes = cfg, setup.fp32_bytes
-        self.global_weights = copy_weights(setup.initial)
-        self.outer = outer_optimizer(cfg)
+        self.global_weights = copy_weights(setup.initial if initial is None else initial)
+        self.parts = fragment_parts(setup)
+        self.outers = [outer_optimizer(cfg) for _ in self.parts]  # one per fragment
         self.downlink = None if cfg.downlink == "fp32" else codec_for(cfg, cfg.downlink)
-        self.aggregator = cfg.aggregator(shapes_of(self.global_weights))  # one for the run, as the coordinator
+        # one per fragment for the run, as the coordinator keeps one
+        self.aggregators = [cfg.aggregator(shapes_of({n: self.global_weights[n] for n in part})) for part in self.parts]
         self.refused: list[str] = []
-        self.round, self.inbox = 0, Inbox()
+        self.round, self.inbox = first_round, Inbox()
 
     def base_for(self, replica: int) -> dict[str, np.ndarray]:
         return self.global_weights
@@ -80,7 +107,9 @@ class StarTopology:
     def merge(self, round_index: int, updates: dict[int, Weights], tokens: dict[int, int],
               sent: dict[int, int]) -> tuple[dict[int, int], dict[int, int]]:
         """Returns (bytes sent, bytes received) per replica for this merge."""
-        aggregator = self.aggregator
+        f = round_index % len(self.parts)
+        aggregator, outer = self.aggregators[f], self.outers[f]
+        target = {n: self.global_weights[n] for n in self.parts[f]}  # views: the outer step moves them in place
         aggregator.reset()  # the streamed mean's adaptive bound carries over from the last round
         for i, update in updates.items():
             try:
@@ -89,14 +118,14 @@ class StarTopology:
                 self.refused.append(f"round {round_index} replica {i}: {error}")
         if aggregator.count == 0:
             return sent, {i: 0 for i in updates}
-        before = copy_weights(self.global_weights) if self.downlink else None
-        self.outer.step(self.global_weights, aggregator.result())
-        received = self.fp32_bytes
+        before = copy_weights(target) if self.downlink else None
+        outer.step(target, aggregator.result())
+        received = fragment_bytes(target, list(target))
         if self.downlink is not None:
-            step = {n: before[n] - w for n, w in self.global_weights.items()}
+            step = {n: before[n] - w for n, w in target.items()}
             encoded = self.downlink.encode(step)
             decoded = self.downlink.decode(encoded.tensors, encoded.metadata)
-            for n, w in self.global_weights.items():
+            for n, w in target.items():
                 np.subtract(before[n], decoded[n], out=w)
             received = encoded.nbytes
         return sent, {i: received for i in updates}
@@ -113,15 +142,16 @@ class GossipTopology:
 
     name = "gossip"
 
-    def __init__(self, setup: Setup):
+    def __init__(self, setup: Setup, initial: Weights | None = None, first_round: int = 0):
         self.gossip = gossip_module()
         self.cfg, self.fp32_bytes = setup.cfg, setup.fp32_bytes
         n = setup.cfg.replicas
-        self.bases = {i: copy_weights(setup.initial) for i in range(n)}
-        self.outers = {i: outer_optimizer(setup.cfg) for i in range(n)}
-        self.joined = {i for i in range(n) if setup.cfg.join_rounds().get(i, 0) == 0}
+        self.bases = {i: copy_weights(setup.initial if initial is None else initial) for i in range(n)}
+        self.parts = fragment_parts(setup)
+        self.outers = {i: [outer_optimizer(setup.cfg) for _ in self.parts] for i in range(n)}  # per fragment
+        self.joined = {i for i in range(n) if setup.cfg.join_rounds().get(i, 0) <= first_round}
         self.refused: list[str] = []
-        self.round, self.inbox = 0, Inbox()
+        self.round, self.inbox = first_round, Inbox()
 
     def base_for(self, replica: int) -> dict[str, np.ndarray]:
         if replica not in self.joined:  # a new peer fetches the weights of one that is already in
@@ -140,14 +170,18 @@ class GossipTopology:
     def merge(self, round_index, updates, tokens, sent):
         ids = sorted(updates)  # the active replicas in index order, as the rule says
         size, mix = self.cfg.gossip_group_size, self.cfg.gossip_mix
+        f = round_index % len(self.parts)
+        part = self.parts[f]
+        targets = {i: {n: self.bases[i][n] for n in part} for i in ids}  # views, moved in place
         groups = self.gossip.gossip_groups(len(ids), size, self.gossip.round_rng(self.cfg.seed, round_index)) \
             if len(ids) > 1 else [[0]]
         averaged = self.gossip.gossip_round([updates[i] for i in ids], [float(tokens[i]) for i in ids], size,
                                             self.gossip.round_rng(self.cfg.seed, round_index),
-                                            [self.bases[i] for i in ids] if mix else None)
+                                            [targets[i] for i in ids] if mix else None)
         for i, update in zip(ids, averaged):
-            self.outers[i].step(self.bases[i], update)
-        message = {i: sent[i] + (self.fp32_bytes if mix else 0) for i in ids}
+            self.outers[i][f].step(targets[i], update)
+        mixed_bytes = fragment_bytes(self.bases[ids[0]], part) if mix else 0
+        message = {i: sent[i] + mixed_bytes for i in ids}
         bytes_sent, bytes_received = {}, {}
         for group in groups:
             members = [ids[k] for k in group]

@@ -1,0 +1,40 @@
+"""Streaming DiLoCo's fragments (arXiv 2501.18512): the model split into P parts that are
+synchronised in turn, so that each round sends 1/P of the model and the peak bandwidth falls by P.
+
+With a sync period of H inner steps per fragment, a round is H / P inner steps and round r merges
+fragment r mod P: every fragment still trains H steps between two of its merges, the fragments'
+merges are staggered by H / P steps. Fragments are strided over the transformer's blocks (block i
+belongs to fragment i mod P, which the paper found better than contiguous slices); the embeddings
+go with fragment 0 and the final layer norm with the last fragment. P = 1 is plain DiLoCo.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+BLOCK = re.compile(r"(?:^|\.)h\.(\d+)\.")
+
+
+def fragments(names: Iterable[str], count: int) -> list[list[str]]:
+    """The tensor names of each of `count` fragments, every name in exactly one, none empty."""
+    names = list(names)
+    if count < 1:
+        raise ValueError(f"fragments must be at least 1, got {count}")
+    blocks = sorted({int(m.group(1)) for n in names if (m := BLOCK.search(n))})
+    if count > max(1, len(blocks)):
+        raise ValueError(f"{count} fragments for a model of {len(blocks)} blocks: at most one fragment per block")
+    parts: list[list[str]] = [[] for _ in range(count)]
+    seen_block = False
+    for name in names:
+        match = BLOCK.search(name)
+        if match:
+            seen_block = True
+            parts[blocks.index(int(match.group(1))) % count].append(name)
+        else:  # before the blocks (embeddings): fragment 0; after them (final norm): the last
+            parts[count - 1 if seen_block else 0].append(name)
+    return parts
+
+
+def fragment_of_round(round_index: int, count: int) -> int:
+    """Which fragment round `round_index` merges."""
+    return round_index % count
