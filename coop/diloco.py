@@ -250,16 +250,18 @@ class Aggregator:
 
     def _filtered_mean(self, scales: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
         """Two passes over the tensors: the cosine of each clipped contribution to the coordinate-
-        wise median, then the weighted mean of those that agree (coop.robust.agreeing)."""
+        wise median, then the weighted mean of those that agree (coop.robust.agreeing). The median
+        is the unweighted one: a member that claims many tokens cannot pull the reference its way
+        (its weight counts only in the mean, once it agrees); float32 sorts keep a round's close fast."""
         n = len(self._kept)
         dots, norms2, reference2 = np.zeros(n), np.zeros(n), 0.0
         for name in self.shapes:
-            stack = np.stack([u[name].reshape(-1) for u, _ in self._kept]).astype(np.float64)  # (N, size)
+            stack = np.stack([u[name].reshape(-1) for u, _ in self._kept])  # (N, size) float32
             stack *= scales[:, None]
-            reference = robust_ops.weighted_median(stack, weights)  # (size,)
-            dots += stack @ reference
-            norms2 += np.einsum("ns,ns->n", stack, stack)
-            reference2 += float(reference @ reference)
+            reference = robust_ops.median(stack)  # (size,)
+            dots += (stack @ reference).astype(np.float64)
+            norms2 += np.einsum("ns,ns->n", stack, stack, dtype=np.float64)
+            reference2 += float(np.dot(reference, reference))
         cosines = dots / np.sqrt(np.maximum(norms2 * reference2, 1e-300))
         kept = robust_ops.agreeing(cosines, AGREEMENT_FRACTION)
         self.left_out = sorted(set(range(n)) - set(kept.tolist()))
@@ -269,7 +271,6 @@ class Aggregator:
             stack *= scales[kept, None]
             out[name] = robust_ops.weighted_mean(stack, weights[kept]).astype(np.float32).reshape(shape)
         return out
-
 
 
 def aggregate(

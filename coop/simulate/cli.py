@@ -20,8 +20,8 @@ own shard, and sends its pseudo-gradient through the codec (encode -> decode, by
 exactly); the merge (a topology: `star` = one global model and the outer optimizer, as the HTTP
 coordinator does; `gossip` = coop.gossip.merge) makes the next round's weights. Baselines on the
 same tokens: `ddp` (one model stepping on the concatenation of the N replicas' batches, drawn from
-the same shards with the same RNGs: what synchronous data-parallel computes) and `single` (one
-replica alone). Metrics go to OUT/metrics.jsonl, OUT/plot.png and a summary table."""
+the same shards with the same RNGs: what synchronous data-parallel computes), `single` (one
+replica alone on the same tokens) and `solo` (one replica alone for the same wall time: R x K steps). Metrics go to OUT/metrics.jsonl, OUT/plot.png and a summary table."""
 
 HELP = {
     "data": "text file(s) (default: the embedded corpus of `coop train`)",
@@ -52,7 +52,8 @@ HELP = {
     "attack": "signflip (-S x update) | noise (gaussian of S x its norm) | scale (S x update)",
     "attack_scale": "S, the strength of --attack",
     "weight_by": "tokens | equal: the weight of each replica's update",
-    "baseline": "baselines on the same tokens: ddp and/or single, or none (default: ddp)",
+    "baseline": "baselines: ddp and/or single (same tokens), solo (same wall time), or none (default: ddp)",
+    "eval_every": "measure the val loss every N points (of K inner steps) and at the end",
     "no_diloco": "run only the baselines", "tag": "suffix of the run names (to tell runs apart in --report)",
     "quiet": "no progress line", "plot": "write OUT/plot.png",
 }

@@ -73,10 +73,11 @@ class SimulateConfig:
     attack: str = "signflip"  # signflip | noise | scale
     attack_scale: float = 100.0
     # what to run and show
-    baseline: list[str] = field(default_factory=lambda: ["ddp"])  # "ddp", "single", or "none"
+    baseline: list[str] = field(default_factory=lambda: ["ddp"])  # "ddp", "single", "solo", or "none"
     no_diloco: bool = False
     tag: str = ""  # appended to run names (diloco-fp32-TAG), to tell runs apart in one report
     eval_batches: int = 10
+    eval_every: int = 1  # evaluate every N points (of K steps), and always at the end
     plot: bool = True
     quiet: bool = False
 
@@ -84,8 +85,8 @@ class SimulateConfig:
         checks = [("split", self.split, self.split in ("iid", "contiguous", "whole"), "iid, contiguous or whole"),
                   ("topology", self.topology, self.topology in ("star", "gossip"), "star or gossip"),
                   ("weight-by", self.weight_by, self.weight_by in ("tokens", "equal"), "tokens or equal"),
-                  ("baseline", self.baseline, set(self.baseline) <= {"ddp", "single", "none"},
-                   "ddp and/or single, or none"),
+                  ("baseline", self.baseline, set(self.baseline) <= {"ddp", "single", "solo", "none"},
+                   "ddp, single and/or solo, or none"),
                   ("replicas", self.replicas, self.replicas >= 1, "at least 1"),
                   ("inner-steps", self.inner_steps, self.inner_steps >= 1, "at least 1"),
                   ("drop-prob", self.drop_prob, 0 <= self.drop_prob < 1, "in [0, 1)"),
@@ -100,6 +101,7 @@ class SimulateConfig:
                   ("warm-start-steps", self.warm_start_steps,
                    self.warm_start_steps >= 0 and self.warm_start_steps % self.inner_steps == 0,
                    f"a multiple of --inner-steps {self.inner_steps}"),
+                  ("eval-every", self.eval_every, self.eval_every >= 1, "at least 1"),
                   ("outer-min-lr-factor", self.outer_min_lr_factor, 0 <= self.outer_min_lr_factor <= 1, "in [0, 1]")]
         bad = [f"--{name} {value!r} (expected {expected})" for name, value, ok, expected in checks if not ok]
         if bad:
@@ -141,6 +143,10 @@ class SimulateConfig:
     def warm_rounds(self) -> int:
         """Rounds (of K steps) trained synchronously before the local rounds start."""
         return self.warm_start_steps // self.inner_steps
+
+    def evaluates_at(self, point: int) -> bool:
+        """Whether point `point` (1-based, one per K inner steps) measures the val loss."""
+        return point % self.eval_every == 0 or point == self.total_rounds
 
     def join_rounds(self) -> dict[int, int]:
         """replica -> first round it takes part in (from --join-at replica:round)."""

@@ -34,14 +34,14 @@ class RunLog:
         self.tokens, self.records, self.start = 0, [], time.perf_counter()
         self.progress = Progress(total=total, quiet=quiet)
 
-    def point(self, done: int, step: int, train_loss: float, val_loss: float, tokens: int,
+    def point(self, done: int, step: int, train_loss: float, val_loss: float | None, tokens: int,
               taking_part: list[int], consensus_distance: float | None = None) -> dict:
         """Log round (or point) `done`: `tokens` processed since the last point, by `taking_part`;
         for DiLoCo runs also how far the replicas' copies of the global weights are apart."""
         self.tokens += tokens
         record = {"run": self.name, "round": done, "step": step, "tokens": self.tokens,
                   "train_loss": round(train_loss, 6) if math.isfinite(train_loss) else None,  # None: nobody trained
-                  "val_loss": round(val_loss, 6),
+                  "val_loss": None if val_loss is None else round(val_loss, 6),  # None: not evaluated here
                   "bytes_sent": max(self.sent), "bytes_received": max(self.received),
                   "bytes_sent_by_replica": list(self.sent), "bytes_received_by_replica": list(self.received),
                   "taking_part": list(taking_part), "wall_s": round(time.perf_counter() - self.start, 3)}
@@ -50,7 +50,8 @@ class RunLog:
         self.records.append(record)
         if self.jsonl:
             append_jsonl(self.jsonl, record)
-        self.progress.update(done, f"{self.name}: train {train_loss:.4f} val {val_loss:.4f} "
+        val = "-" if val_loss is None else f"{val_loss:.4f}"
+        self.progress.update(done, f"{self.name}: train {train_loss:.4f} val {val} "
                              f"replicas {len(taking_part)} sent {human_bytes(record['bytes_sent'])} "
                              f"recv {human_bytes(record['bytes_received'])}", tokens=tokens)
         return record
@@ -137,6 +138,7 @@ def write_plot(records: Iterable[dict], path: str | os.PathLike[str], title: str
     runs = by_run(records)
     fig, (ax_tokens, ax_bytes) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, points in runs.items():
+        points = [p for p in points if p["val_loss"] is not None]  # --eval-every: points without one
         tokens = [p["tokens"] for p in points]
         val = [p["val_loss"] for p in points]
         (line,) = ax_tokens.plot(tokens, val, marker=".", label=name)

@@ -75,7 +75,8 @@ def run_diloco(setup: Setup, codec_name: str, jsonl: Path | None = None) -> RunR
         contributed |= set(filed)
         if (r + 1) % parts == 0:
             rec.point(point + 1, (point + 1) * cfg.inner_steps, float(np.mean(losses)) if losses else math.nan,
-                      evaluate(setup, topology.eval_weights()), tokens, sorted(contributed),
+                      evaluate(setup, topology.eval_weights()) if cfg.evaluates_at(point + 1) else None,
+                      tokens, sorted(contributed),
                       consensus_distance=topology.consensus_distance())
             losses, tokens, contributed = [], 0, set()
     return RunResult(name, rec.records, copy_weights(topology.eval_weights()), topology.refused)
@@ -95,7 +96,8 @@ def warm_start(setup: Setup, rec: report.RunLog) -> tuple[dict[str, np.ndarray],
         for i in range(n):
             rec.sent[i] += setup.fp32_bytes * inner_steps
             rec.received[i] += setup.fp32_bytes * inner_steps
-        rec.point(r + 1, (r + 1) * inner_steps, float(np.mean(losses)), evaluate(setup, ddp.weights()),
+        rec.point(r + 1, (r + 1) * inner_steps, float(np.mean(losses)),
+                  evaluate(setup, ddp.weights()) if cfg.evaluates_at(r + 1) else None,
                   inner_steps * n * cfg.batch_size * cfg.block_size, list(range(n)))
     return ddp.weights(), ddp.optimizer.state_dict()
 
@@ -125,7 +127,9 @@ class DataParallelReplica(Replica):
 
 def run_baseline(setup: Setup, kind: str, jsonl: Path | None = None) -> RunResult:
     """`ddp`: R*K steps at batch N*B, one fp32 gradient sent and received per step and replica.
-    `single`: one replica at batch B for N*R*K steps on the whole train set, nothing sent."""
+    `single`: one replica at batch B for N*R*K steps on the whole train set, nothing sent.
+    `solo`: one replica at batch B for R*K steps (the same wall time as each DiLoCo replica: what
+    one GPU would have reached alone), nothing sent."""
     cfg = setup.cfg
     n, inner_steps, rounds = cfg.replicas, cfg.inner_steps, cfg.total_rounds
     if kind == "ddp":
@@ -134,9 +138,10 @@ def run_baseline(setup: Setup, kind: str, jsonl: Path | None = None) -> RunResul
                             seeds[0], cls=DataParallelReplica, shards=setup.shards, seeds=seeds)
         steps_per_point, bytes_per_step = inner_steps, setup.fp32_bytes
     else:
-        model = new_replica(setup, setup.train, inner_config(cfg, cfg.batch_size, n * rounds * inner_steps),
+        scale = n if kind == "single" else 1
+        model = new_replica(setup, setup.train, inner_config(cfg, cfg.batch_size, scale * rounds * inner_steps),
                             data_seed(cfg.seed, -1))
-        steps_per_point, bytes_per_step = n * inner_steps, 0
+        steps_per_point, bytes_per_step = scale * inner_steps, 0
     name = kind + (f"-{cfg.tag}" if cfg.tag else "")
     rec = report.RunLog(name, n, rounds, jsonl, cfg.quiet)
     for r in range(rounds):
@@ -144,7 +149,8 @@ def run_baseline(setup: Setup, kind: str, jsonl: Path | None = None) -> RunResul
         for i in range(n):
             rec.sent[i] += bytes_per_step * steps_per_point
             rec.received[i] += bytes_per_step * steps_per_point
-        rec.point(r + 1, (r + 1) * steps_per_point, float(np.mean(losses)), evaluate(setup, model.weights()),
+        rec.point(r + 1, (r + 1) * steps_per_point, float(np.mean(losses)),
+                  evaluate(setup, model.weights()) if cfg.evaluates_at(r + 1) else None,
                   steps_per_point * model.inner.batch_size * cfg.block_size, list(range(n)) if kind == "ddp" else [0])
     return RunResult(name, rec.records, model.weights())
 
