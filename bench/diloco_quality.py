@@ -79,6 +79,23 @@ PLANS = {
             {"inner_steps": 50},
             {"compression": "int4", "inner_steps": 10, "outer_lr": 0.5}]),
     ],
+    # one run per process (--only I): the GPU takes several at once
+    "m10more": [
+        ("stdlib40m-10.8M-x4", {"corpus": "stdlib", "split": "whole", "steps": 4000, **M10, **FAST_MERGE}, [
+            {"compression": "int4", "inner_steps": 100, "fragments": 4, "overlap_steps": 5},
+            {"inner_steps": 50},
+            {"compression": "int4", "inner_steps": 10, "outer_lr": 0.5},
+            {"compression": "int4", "inner_steps": 20, "outer_lr": 0.5, "overlap_steps": 2},
+            {"compression": "int4", "inner_steps": 50, "outer_lr": 0.7},
+            {"compression": "int4", "inner_steps": 50, "outer_lr": 0.5, "fragments": 2, "overlap_steps": 5}]),
+    ],
+    # 8 replicas at batch 8: the same global batch (64) and tokens as 4 x 16, so that the corpus
+    # is not repeated more (8 x 16 x 256 x 4000 tokens would go through the 36M-token split 3.6 times)
+    "m10x8b8": [
+        ("stdlib40m-10.8M-x8-b8", {"corpus": "stdlib", "split": "whole", "steps": 4000, "replicas": 8,
+                                   "batch_size": 8, **M10, **FAST_MERGE}, [
+            {"compression": "int4", "inner_steps": 20, "outer_lr": 0.5}]),
+    ],
     "m10x8": [
         ("stdlib40m-10.8M-x8", {"corpus": "stdlib", "split": "whole", "steps": 4000, "replicas": 8, **M10,
                                 **FAST_MERGE}, [
@@ -134,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shakespeare", help="path of tinyshakespeare.txt")
     ap.add_argument("--reference", help="path of torch_diloco_reference.py: run it too (needs torch and CUDA)")
     ap.add_argument("--out", default="runs/diloco_quality")
+    ap.add_argument("--only", type=int, nargs="+", help="run only these runs of the plan (0-based indices)")
+    ap.add_argument("--ddp-val-loss", type=float,
+                    help="DDP's val loss from an earlier run of the same setting: skip the DDP and solo runs")
     args = ap.parse_args(argv)
     if args.reference:  # the PyTorch reference first: its lines arrive even if a coop run fails later
         env = dict(os.environ, SHAKESPEARE=args.shakespeare or "")
@@ -145,16 +165,20 @@ def main(argv: list[str] | None = None) -> int:
         cfg = make_config(setting, args.device, args.shakespeare, os.path.join(args.out, name))
         start = time.perf_counter()
         setup = sim.build_setup(replace(cfg, **({"eval_every": 10} if steps else {})))
-        ddp = sim.run_baseline(replace(setup, cfg=with_steps(setup.cfg, steps)), "ddp")
-        ddp_loss, ddp_bytes = ddp.records[-1]["val_loss"], ddp.records[-1]["bytes_sent"]
-        print(json.dumps({"impl": "coop", "setting": name, "run": "ddp", "val_loss": round(ddp_loss, 4),
-                          "wall_s": round(time.perf_counter() - start, 1)}), flush=True)
-        if steps:  # one replica alone for the same wall time (R x K steps at batch B)
+        ddp_cfg = with_steps(setup.cfg, steps)
+        if args.ddp_val_loss:
+            ddp_loss, ddp_bytes = args.ddp_val_loss, ddp_cfg.total_rounds * ddp_cfg.inner_steps * setup.fp32_bytes
+        else:
+            ddp = sim.run_baseline(replace(setup, cfg=ddp_cfg), "ddp")
+            ddp_loss, ddp_bytes = ddp.records[-1]["val_loss"], ddp.records[-1]["bytes_sent"]
+            print(json.dumps({"impl": "coop", "setting": name, "run": "ddp", "val_loss": round(ddp_loss, 4),
+                              "wall_s": round(time.perf_counter() - start, 1)}), flush=True)
+        if steps and not args.ddp_val_loss:  # one replica alone for the same wall time (R x K steps at batch B)
             solo = sim.run_baseline(replace(setup, cfg=with_steps(setup.cfg, steps)), "solo")
             solo_loss = solo.records[-1]["val_loss"]
             print(json.dumps({"impl": "coop", "setting": name, "run": "solo", "val_loss": round(solo_loss, 4),
                               "gap_pct": round(100 * (solo_loss / ddp_loss - 1), 2)}), flush=True)
-        for overrides in runs:
+        for overrides in [r for i, r in enumerate(runs) if args.only is None or i in args.only]:
             overrides = dict(overrides)
             codec = overrides.pop("compression", "fp32")
             run_cfg = with_steps(setup.cfg, steps, **overrides)

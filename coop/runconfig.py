@@ -123,7 +123,12 @@ class OuterSection(Section):
     lr: float = Field(0.7, gt=0.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)
     nesterov: bool = True
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0)  # rounds of linear warm-up of the outer lr
+    decay: bool = False  # cosine decay of the outer lr over rounds.max_rounds, to min_lr_factor x lr
+    min_lr_factor: float = Field(0.1, ge=0.0, le=1.0)
+    # streaming DiLoCo (coop.streaming): the model in P fragments merged in turn; a round is
+    # inner.steps / P inner steps and sends one fragment, each fragment is merged every inner.steps
+    fragments: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _nesterov_needs_momentum(self) -> OuterSection:
@@ -295,8 +300,22 @@ class RunConfig(Section):
             raise ValueError(f"seed must be in [0, 2^32), got {seed}")
         return seed
 
+    @model_validator(mode="after")
+    def _fragments_fit(self) -> RunConfig:
+        p, k, layers = self.outer.fragments, self.inner.inner_steps, self.model.n_layer
+        if k % p:
+            raise ValueError(f"outer.fragments {p} must divide inner.steps {k} (a round is inner.steps / fragments)")
+        if p > layers:
+            raise ValueError(f"outer.fragments {p} is more than the model's {layers} layers (one fragment per layer at most)")
+        return self
+
+    @property
+    def round_steps(self) -> int:
+        """Inner steps of one round: inner.steps (K), or K / outer.fragments when streaming."""
+        return self.inner.inner_steps // self.outer.fragments
+
     def inner_total_steps(self) -> int:
-        return self.inner.total_steps or self.rounds.max_rounds * self.inner.inner_steps
+        return self.inner.total_steps or self.rounds.max_rounds * self.round_steps
 
     def training_identity(self) -> dict[str, Any]:
         """The parts that must not change when a run resumes (model, data, seed): changing them
@@ -316,8 +335,11 @@ class RunConfig(Section):
                            total_steps=self.inner_total_steps(), block_size=self.model.block_size)
 
     def outer_optimizer(self) -> NesterovSGD:
+        """One outer optimizer over the whole model, counting rounds: with fragments each round
+        steps one fragment (its momentum is per tensor), the lr schedule runs over all rounds."""
         o = self.outer
-        return NesterovSGD(o.lr, o.momentum, o.nesterov, o.warmup_steps)
+        decay = self.rounds.max_rounds if o.decay and self.rounds.max_rounds > o.warmup_steps else 0
+        return NesterovSGD(o.lr, o.momentum, o.nesterov, o.warmup_steps, decay, o.min_lr_factor)
 
     def codec(self) -> Codec:
         return get_codec(self.compression.codec, **self.compression.options)

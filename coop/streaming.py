@@ -5,7 +5,9 @@ With a sync period of H inner steps per fragment, a round is H / P inner steps a
 fragment r mod P: every fragment still trains H steps between two of its merges, the fragments'
 merges are staggered by H / P steps. Fragments are strided over the transformer's blocks (block i
 belongs to fragment i mod P, which the paper found better than contiguous slices); the embeddings
-go with fragment 0 and the final layer norm with the last fragment. P = 1 is plain DiLoCo.
+go with fragment 0 and the rest (the final layer norm) with the last fragment. Which fragment a
+tensor is in depends on its name only, never on the order names come in: a worker and its
+coordinator agree whatever order their weights are listed in. P = 1 is plain DiLoCo.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import re
 from collections.abc import Iterable
 
 BLOCK = re.compile(r"(?:^|\.)h\.(\d+)\.")
+EMBEDDING = re.compile(r"(?:^|\.)(wte|wpe|embed\w*)(?:\.|$)")
 
 
 def fragments(names: Iterable[str], count: int) -> list[list[str]]:
@@ -24,14 +27,12 @@ def fragments(names: Iterable[str], count: int) -> list[list[str]]:
     if count > max(1, len(blocks)):
         raise ValueError(f"{count} fragments for a model of {len(blocks)} blocks: at most one fragment per block")
     parts: list[list[str]] = [[] for _ in range(count)]
-    seen_block = False
     for name in names:
         match = BLOCK.search(name)
         if match:
-            seen_block = True
             parts[blocks.index(int(match.group(1))) % count].append(name)
-        else:  # before the blocks (embeddings): fragment 0; after them (final norm): the last
-            parts[count - 1 if seen_block else 0].append(name)
+        else:  # the embeddings: fragment 0; the rest (the final norm): the last
+            parts[0 if EMBEDDING.search(name) else count - 1].append(name)
     return parts
 
 

@@ -53,6 +53,7 @@ class RoundInfo(BaseModel):
     done: bool
     reported: bool | None = None
     closed: bool | None = None
+    fragment: int = 0  # streaming DiLoCo: the fragment the open round merges (coop.streaming)
 
 
 class UpdateAccepted(BaseModel):

@@ -22,6 +22,7 @@ from coop import __version__
 from coop.diloco import Aggregator, global_norm, shapes_of
 from coop.replica import load_weights, weights_of
 from coop.runconfig import RunConfig
+from coop.streaming import fragment_of_round, fragments
 from coop.wire import pack, spec_of
 from engine.nn import GPT
 
@@ -65,19 +66,23 @@ class Coordinator:
             self.weights = saved.weights
             self.outer.load_state_dict(saved.outer_state)
             # hyper-parameters come from the (possibly edited) config; the momentum and step count from the state
-            o = config.outer
-            self.outer.lr, self.outer.momentum, self.outer.nesterov = o.lr, o.momentum, o.nesterov
-            self.outer.warmup_steps = o.warmup_steps
+            fresh = config.outer_optimizer()
+            self.outer.lr, self.outer.momentum, self.outer.nesterov = fresh.lr, fresh.momentum, fresh.nesterov
+            self.outer.warmup_steps, self.outer.decay_steps = fresh.warmup_steps, fresh.decay_steps
+            self.outer.min_lr_factor = fresh.min_lr_factor
             self.history = saved.history
             self.members = Members.from_json(saved.members, now) if saved.members else Members(config.data.shards)
             first_round = saved.round
         self.shapes = shapes_of(self.weights)
-        self.spec = spec_of(self.weights)
         self.n_params = sum(a.size for a in self.weights.values())
         self.max_update_bytes = config.coordinator.max_update_bytes or default_update_limit(self.n_params, len(self.weights))
-        self.max_tokens = config.inner.inner_steps * config.inner.batch_size * config.model.block_size
+        self.max_tokens = config.round_steps * config.inner.batch_size * config.model.block_size
         c = config.coordinator
-        self.aggregator = Aggregator(self.shapes, **c.aggregator_options())
+        # streaming DiLoCo: round r takes fragment r mod P (coop.streaming); P = 1 is the whole model
+        self.parts = fragments(self.weights, config.outer.fragments)
+        self.part_shapes = [{n: self.shapes[n] for n in part} for part in self.parts]
+        self.part_specs = [spec_of({n: self.weights[n] for n in part}) for part in self.parts]
+        self.aggregators = [Aggregator(shapes, **c.aggregator_options()) for shapes in self.part_shapes]
         self.machine = RoundMachine(first_round, config.rounds.max_rounds, c.min_workers, c.quorum_fraction,
                                     DeadlinePolicy(c.deadline_factor, c.min_deadline_s, c.max_deadline_s), now)
         self.metrics = CoordinatorMetrics()
@@ -106,6 +111,16 @@ class Coordinator:
         self.upload_slots: asyncio.Semaphore | None = None
         self._ticker: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
+
+    @property
+    def fragment(self) -> int:
+        """The fragment the open round merges (0 without streaming)."""
+        return fragment_of_round(self.machine.number, len(self.parts))
+
+    @property
+    def aggregator(self) -> Aggregator:
+        """The open round's aggregator (one per fragment, kept for the run)."""
+        return self.aggregators[self.fragment]
 
     # -- set-up -----------------------------------------------------------------------------------
     @staticmethod
@@ -218,6 +233,7 @@ class Coordinator:
             "done": self.machine.done,
             "max_rounds": c.rounds.max_rounds,
             "inner_steps": c.inner.inner_steps,
+            "fragments": c.outer.fragments,
             "inner": asdict(c.inner_config()),
             "model": asdict(self.model_config),
             "compression": c.compression.model_dump(),
@@ -239,7 +255,8 @@ class Coordinator:
 
     def round_info(self, record: WorkerRecord | None = None) -> dict[str, Any]:
         current = self.machine.round
-        info = {"round": current.number, "phase": current.phase.value, "done": self.machine.done}
+        info = {"round": current.number, "phase": current.phase.value, "done": self.machine.done,
+                "fragment": self.fragment}
         if record is not None:
             info["reported"] = record.id in current.reports
         return info
@@ -276,7 +293,8 @@ class Coordinator:
         self.metrics.updates.labels(reason).inc()
 
     def decode_update(self, body: bytes | bytearray, round_number: int) -> tuple[dict[str, np.ndarray], dict]:
-        return check_update(body, round_number, shapes=self.shapes, spec=self.spec,
+        f = fragment_of_round(round_number, len(self.parts))  # a stale round's is refused by its number anyway
+        return check_update(body, round_number, shapes=self.part_shapes[f], spec=self.part_specs[f],
                             codec=self.config.compression.codec, max_tokens=self.max_tokens,
                             max_bytes=self.max_update_bytes)
 
@@ -376,13 +394,14 @@ class Coordinator:
         aggregate is unusable; the global weights only change once outer.step has checked it."""
         pseudo_grad = self.aggregator.result()
         lr = self.outer.current_lr()
-        self.outer.step(self.weights, pseudo_grad)
+        self.outer.step({n: self.weights[n] for n in self.parts[self.fragment]}, pseudo_grad)  # in place
         reports = list(current.reports.values())
         losses = [(r.loss, r.tokens) for r in reports if r.loss is not None]
         record: dict[str, Any] = {
             "round": current.number,
             "outer_steps": current.number + 1,
             "reason": reason,
+            "fragment": self.fragment,
             "contributors": len(reports),
             "active": active,
             "workers": sorted(r.worker_id for r in reports),

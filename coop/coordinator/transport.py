@@ -6,7 +6,9 @@
               (re-uploading it if a restarted coordinator lost it)
 
 The coordinator aggregates and takes the outer step (coop.coordinator.service); the next
-round's `begin` downloads the result.
+round's `begin` downloads the result. Streaming (P fragments): round r sends fragment r mod P
+and loads the fragment the last round merged, when our update was in that merge; a worker that
+missed a round starts afresh from the whole download.
 """
 from __future__ import annotations
 
@@ -33,10 +35,13 @@ class Delivery:
 
 
 class HttpTransport:
-    def __init__(self, client: CoordinatorClient, shapes: dict[str, tuple[int, ...]], say: Callable[[str], None]):
+    def __init__(self, client: CoordinatorClient, shapes: dict[str, tuple[int, ...]], say: Callable[[str], None],
+                 parts: list[list[str]] | None = None):
         self.client, self.shapes, self.say = client, shapes, say
+        self.parts = parts or [list(shapes)]
         self.weights: dict[str, np.ndarray] | None = None
         self.weights_round: int | None = None
+        self.accepted_round: int | None = None  # the last round whose update the coordinator took
 
     # -- begin -------------------------------------------------------------------------------------
     def begin(self) -> RoundStart | None:
@@ -52,7 +57,11 @@ class HttpTransport:
             if info.get("phase", "open") != "open":  # being aggregated: an update now would be refused
                 self.wait_round_end(round_number, None)
                 continue
-            return RoundStart(round_number, self.weights)
+            if len(self.parts) == 1:
+                return RoundStart(round_number, self.weights)
+            p, continuing = len(self.parts), self.accepted_round == round_number - 1
+            return RoundStart(round_number, self.weights, merged=self.parts[(round_number - 1) % p] if continuing else None,
+                              send=self.parts[round_number % p], reset=not continuing)
 
     def fetch_weights(self) -> int:
         """Download the global weights (unless ours are already the open round's). Returns the round."""
@@ -79,6 +88,7 @@ class HttpTransport:
         body = self.pack(contribution)
         outcome = self.upload(round_index, body)
         if outcome == "accepted":
+            self.accepted_round = round_index
             end = self.wait_round_end(round_index, body)
             return Delivery("accepted", len(body), bool(end["done"]))
         if outcome == "aggregating":

@@ -32,6 +32,7 @@ from ..codec import get_codec
 from ..progress import Progress, format_duration
 from ..replica import InnerConfig, Replica
 from ..round import RoundLoop, RoundReport
+from ..streaming import fragments
 from ..wire import WireError, unpack
 from .client import CoordinatorClient, Heartbeat, NeedsRejoin, WorkerError
 from .transport import HttpTransport
@@ -114,8 +115,9 @@ class Worker:
             self.replica = Replica(model_config, shard, inner, device=self.options.device, seed=int(info["seed"]))
             shapes = {name: tuple(p.shape) for name, p in self.replica.model.named_parameters()}
             codec = get_codec(info["compression"]["codec"], **info["compression"]["options"])
-            self.loop = RoundLoop(self.replica, codec, HttpTransport(self.client, shapes, self.say),
-                                  int(info["inner_steps"]))
+            parts = fragments(shapes, int(info.get("fragments", 1)))  # streaming DiLoCo: a fragment a round
+            self.loop = RoundLoop(self.replica, codec, HttpTransport(self.client, shapes, self.say, parts),
+                                  int(info["inner_steps"]) // len(parts))
             n_params = sum(p.numel() for p in self.replica.model.parameters())
             self.say(f"joined {self.client.url} as {info['worker_id']} at round {info['round']}: GPT "
                      f"{n_params / 1e6:.2f}M parameters, K = {info['inner_steps']}, codec "

@@ -200,3 +200,36 @@ def test_a_worker_refused_as_stale_twice_in_a_row_is_flagged_until_it_counts_aga
     assert record.stale_in_a_row == 2
     assert "2 late in a row" in render_page(coordinator.status())
     assert next(w for w in coordinator.status()["workers"] if w["id"] == record.id)["stale_in_a_row"] == 2
+
+
+def test_streaming_rounds_take_one_fragment_each_and_step_only_it(make):
+    from coop.streaming import fragments
+    config = tiny(model={"n_layer": 2}, inner={"steps": 4}, outer={"fragments": 2})
+    coordinator, client = make(config)
+    info, a = join(client)
+    _, b = join(client)
+    assert info["fragments"] == 2 and info["inner_steps"] == 4
+    parts = fragments(coordinator.weights, 2)
+    for round_number in range(2):
+        part = parts[round_number]
+        assert client.post("/v1/heartbeat", json={}, headers=a).json()["fragment"] == round_number
+        before = {k: v.copy() for k, v in coordinator.weights.items()}
+        whole = update_body(coordinator, round_number)
+        refused = client.put(f"/v1/rounds/{round_number}/update", content=whole, headers=a)
+        assert refused.status_code == 422, refused.text  # the whole model is not this round's fragment
+        update = {k: np.full(coordinator.weights[k].shape, 0.01, np.float32) for k in part}
+        encoded = get_codec("fp32").encode(update)
+        body = pack(encoded.tensors, {**encoded.metadata, "round": round_number, "tokens": 32, "loss": 2.5})
+        for headers in (a, b):
+            assert client.put(f"/v1/rounds/{round_number}/update", content=body, headers=headers).status_code == 200
+        assert client.get(f"/v1/rounds/{round_number}/wait", params={"timeout_s": 5}, headers=a).json()["closed"]
+        for k, w in coordinator.weights.items():
+            if k in part:
+                assert not np.array_equal(w, before[k]), k
+            else:
+                np.testing.assert_array_equal(w, before[k], err_msg=k)
+    assert [h.get("fragment") for h in coordinator.history[1:]] == [0, 1]
+    with pytest.raises(ValueError, match="must divide inner.steps"):
+        tiny(model={"n_layer": 2}, inner={"steps": 3}, outer={"fragments": 2})
+    with pytest.raises(ValueError, match="more than the model's 1 layers"):
+        tiny(outer={"fragments": 2})

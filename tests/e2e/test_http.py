@@ -80,6 +80,23 @@ def test_two_workers_train_and_the_global_loss_falls(tmp_path, procs):
     assert "coop_round 8.0" in metrics and 'coop_updates_total{result="accepted"} 16.0' in metrics
 
 
+def test_streaming_workers_merge_a_fragment_a_round_and_the_loss_falls(tmp_path, procs):
+    config = run_config(model={"n_layer": 2}, inner={"steps": 4}, outer={"fragments": 2, "decay": True},
+                        rounds={"max_rounds": 8}, coordinator={"min_workers": 2})
+    coordinator = procs(Coordinator(tmp_path, config))
+    workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2)]
+    status = coordinator.wait_status(lambda s: s["done"], 90, "8 rounds", [w.log for w in workers])
+    rounds = [h for h in status["history"] if h.get("round") is not None]
+    assert [h["fragment"] for h in rounds] == [0, 1] * 4
+    assert all(h["contributors"] == 2 for h in rounds)  # every fragment-only update accepted
+    assert rounds[-1]["outer_lr"] < rounds[0]["outer_lr"]  # the cosine decay
+    losses = val_losses(status)
+    assert losses[-1] < losses[0] - 0.3, losses
+    for worker in workers:
+        assert worker.wait(30) == 0, worker.output()
+        assert "done: 8 rounds contributed" in worker.output()
+
+
 def test_a_worker_killed_mid_round_does_not_stop_the_run(tmp_path, procs):
     # A round closes early only when every active worker reported: a survivor that is merely slow (2
     # busy cores) is neither cut off by the deadline nor taken for dead, and the killed worker is
