@@ -144,6 +144,33 @@ def with_steps(cfg: sim.SimulateConfig, steps: int | None, **overrides) -> sim.S
     return replace(cfg, rounds=rounds, eval_every=max(1, rounds // 20))
 
 
+def plot(jsonl: str, out: str) -> None:
+    """Gap to DDP against fewer bytes than DDP, one point per DiLoCo run, one colour per setting."""
+    import matplotlib  # only the plot needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in open(jsonl, encoding="utf-8") if line.strip()]
+    rows = [r for r in rows if r.get("impl") == "coop" and "fewer_bytes_than_ddp" in r]
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for setting in sorted({r["setting"] for r in rows}):
+        points = [r for r in rows if r["setting"] == setting]
+        ax.scatter([r["fewer_bytes_than_ddp"] for r in points], [r["gap_pct"] for r in points], label=setting)
+        for r in points:
+            label = f"K{r.get('inner_steps', 50)} {r['codec']}" + (f" P{r['fragments']}" if r.get("fragments") else "")
+            ax.annotate(label, (r["fewer_bytes_than_ddp"], r["gap_pct"]), fontsize=6, xytext=(3, 2),
+                        textcoords="offset points")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("fewer bytes sent per replica than DDP (log)")
+    ax.set_ylabel("val loss above DDP at equal tokens (%)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--plan", default="reference", choices=sorted(PLANS))
@@ -154,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", type=int, nargs="+", help="run only these runs of the plan (0-based indices)")
     ap.add_argument("--ddp-val-loss", type=float,
                     help="DDP's val loss from an earlier run of the same setting: skip the DDP and solo runs")
+    ap.add_argument("--plot", nargs=2, metavar=("JSONL", "PNG"), help="train nothing: plot the lines of a sweep")
     args = ap.parse_args(argv)
+    if args.plot:
+        plot(*args.plot)
+        return 0
     if args.reference:  # the PyTorch reference first: its lines arrive even if a coop run fails later
         env = dict(os.environ, SHAKESPEARE=args.shakespeare or "")
         for line in subprocess.run([sys.executable, args.reference], env=env, check=True, capture_output=True,

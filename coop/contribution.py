@@ -37,8 +37,8 @@ class ContributionError(WireError):
 
 
 def max_tokens_of(config: RunConfig) -> int:
-    """K x B x T: the most tokens one replica trains on in one round of this run."""
-    return config.inner.inner_steps * config.inner.batch_size * config.model.block_size
+    """K x B x T (K / P with P fragments): the most tokens one replica trains on in one round."""
+    return config.round_steps * config.inner.batch_size * config.model.block_size
 
 
 def check_tokens(tokens: Any, max_tokens: int) -> int:

@@ -41,6 +41,7 @@ from coop.gossip.protocol import (
 )
 from coop.replica import Replica
 from coop.runconfig import RunConfig
+from coop.streaming import fragment_of_round
 from coop.wire import WireError
 from engine.data import TokenDataset
 
@@ -77,6 +78,7 @@ class PeerState:
         self.global_weights: dict[str, np.ndarray] = {}
         self.outer: NesterovSGD | None = None
         self.spec: dict = {}
+        self.parts: list[list[str]] = []  # streaming DiLoCo: round r exchanges parts[r mod P] (coop.streaming)
         self.replica: Replica | None = None
         self.codec: Codec | None = None  # ours, kept across rounds: top-k's error feedback carries its residual
         self.val_data: TokenDataset | None = None
@@ -96,6 +98,12 @@ class PeerState:
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-push")
         self.heartbeat_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-heartbeat")
         self.heartbeat_thread: threading.Thread | None = None
+
+    def round_spec(self, round_index: int) -> dict:
+        """The tensors an update of round `round_index` carries: the whole model, or its fragment."""
+        if len(self.parts) <= 1:
+            return self.spec
+        return {n: self.spec[n] for n in self.parts[fragment_of_round(round_index, len(self.parts))]}
 
     def _client(self, timeout: float | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -232,7 +240,7 @@ class PeerState:
     def receive_update(self, round_index: int, body: bytes) -> UpdateAccepted:
         """Check a partner's update completely, then file it; any refusal changes nothing but a counter."""
         try:
-            update = parse_update(body, self.spec, swarm=self.swarm, round_index=round_index,
+            update = parse_update(body, self.round_spec(round_index), swarm=self.swarm, round_index=round_index,
                                   max_bytes=self.update_limit(), require_global=self.config.gossip.mix_weights,
                                   max_tokens=max_tokens_of(self.config))
         except (MalformedMessage, ForeignMessage, WireError) as error:

@@ -47,6 +47,7 @@ from coop.progress import Progress
 from coop.replica import Replica
 from coop.round import RoundLoop
 from coop.runconfig import ConfigError, RunConfig, load_run_config
+from coop.streaming import fragments
 from coop.wire import WireError, spec_of
 from engine.data import TokenDataset, encode_corpus_in_memory, tokenizer_from_json
 from engine.nn import GPT
@@ -93,6 +94,7 @@ class PeerNode(PeerState):
             self.global_weights = self.replica.weights()
             self.outer = config.outer_optimizer()
         self.spec = spec_of(self.replica.weights())
+        self.parts = fragments(self.spec, config.outer.fragments)
 
     def setup_new_swarm(self, config: RunConfig) -> None:
         """The first peer: tokenizes the corpus, initialises the weights, round 0."""
@@ -228,7 +230,7 @@ class PeerNode(PeerState):
         progress = Progress(total=rounds.max_rounds, start=self.round, quiet=self.quiet)
         if rounds.eval_every:  # the starting point, so that "the loss fell" can be read off the status
             self.initial_val = self.replica.evaluate_weights(self.global_weights, self.val_data, rounds.eval_batches)
-        loop = RoundLoop(self.replica, self.codec, GossipTransport(self), self.config.inner.inner_steps)
+        loop = RoundLoop(self.replica, self.codec, GossipTransport(self), self.config.round_steps)
         while True:
             started = time.perf_counter()
             report = loop.run_round()

@@ -25,8 +25,13 @@ RETRY_SECONDS = 0.25  # between attempts to deliver an update to a partner that 
 
 
 class GossipTransport:
+    """Streaming (P fragments, coop.streaming): round r exchanges and merges fragment r mod P only;
+    the replica loads the fragment its last merge changed, or starts afresh from the whole copy
+    when it skipped a round (it fell behind, or its update diverged)."""
+
     def __init__(self, node: PeerState):
         self.node = node
+        self.merged_round: int | None = None  # the last round this peer merged and went on from
 
     def begin(self) -> RoundStart | None:
         """None once the run's last round is done or the peer is stopping."""
@@ -35,7 +40,12 @@ class GossipTransport:
             if node.stopping.is_set() or node.round >= node.config.rounds.max_rounds:
                 return None
             node.phase = "training"
-            return RoundStart(node.round, node.global_weights)
+            r, parts = node.round, node.parts
+            if len(parts) <= 1:
+                return RoundStart(r, node.global_weights)
+            continuing = self.merged_round == r - 1
+            return RoundStart(r, node.global_weights, merged=parts[(r - 1) % len(parts)] if continuing else None,
+                              send=parts[r % len(parts)], reset=not continuing)
 
     def exchange(self, round_index: int, contribution: Contribution | None):
         """-> (partners sent to, peers whose updates were averaged in, consensus distance, next round)."""
@@ -117,7 +127,8 @@ class GossipTransport:
             partners = partners_of(active, node.peer_id, gossip.group_size, round_rng(node.config.seed, round_index))
             node.exchange_round = round_index
             node.push_results, node.push_rounds = {}, {}
-            own_weights = node.global_weights
+            full_weights = node.global_weights
+            own_weights = {n: full_weights[n] for n in node.round_spec(round_index)}  # this round's tensors
         body = pack_encoded(node.swarm, node.identity, round_index, contribution.tokens, contribution.loss,
                             contribution.encoded, own_weights if gossip.mix_weights else None)
         deadline = time.monotonic() + gossip.exchange_timeout_s
@@ -167,7 +178,8 @@ class GossipTransport:
                 node.outer, own_update, contribution.tokens, own_weights,
                 [(u.pseudo_gradient, u.tokens, u.global_weights) for u in updates], [u.peer_id for u in updates],
                 lambda message: node.log(f"round {round_index}: {message}"))
-            node.global_weights = new_weights
+            node.global_weights = {**full_weights, **new_weights}  # a new dict: readers hold the old one
             node.round = next_round
+            self.merged_round = round_index if next_round == round_index + 1 else None
             node.membership.set_my_round(next_round)
         return sorted(sent), [updates[i].peer_id for i in kept], cd, next_round

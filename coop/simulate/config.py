@@ -26,7 +26,7 @@ class SimulateConfig:
     dropout: float = 0.0
     # the cooperation
     replicas: int = 4
-    inner_steps: int = 50  # K
+    inner_steps: int = 20  # K (20, int4, outer lr 0.5: the best of docs/results.md's sweep)
     rounds: int | None = None  # R; default 6, or from --tokens
     tokens: int | None = None  # budget over all replicas; rounds = ceil(tokens / (N K B T))
     # "iid" (blocks dealt round-robin), "contiguous" (non-iid shards), or "whole": every replica
@@ -35,7 +35,7 @@ class SimulateConfig:
     topology: str = "star"  # "star" or "gossip"
     gossip_group_size: int = 2
     gossip_mix: bool = True  # gossip also averages the group's weights (as the peers do by default)
-    compression: list[str] = field(default_factory=lambda: ["fp32"])  # one DiLoCo run per codec
+    compression: list[str] = field(default_factory=lambda: ["int4"])  # one DiLoCo run per codec
     int8_block: int = 256
     int4_block: int = 64
     topk_ratio: float = 0.01  # topk and topk8
@@ -52,7 +52,7 @@ class SimulateConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     # outer optimisation and aggregation
-    outer_lr: float = 0.7
+    outer_lr: float = 0.5
     outer_momentum: float = 0.9
     nesterov: bool = True
     outer_warmup: int = 0  # rounds of linear outer-lr warm-up
