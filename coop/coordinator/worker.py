@@ -90,6 +90,7 @@ class Worker:
         self.stale = 0
         self.refused_in_a_row = 0  # reset by an accepted update
         self.tokens = 0
+        self.train_seconds = 0.0  # in inner steps, over the rounds that counted
         self.last_loss: float | None = None
         self.started = time.monotonic()
         self.heartbeat: Heartbeat | None = None
@@ -189,6 +190,7 @@ class Worker:
             self.refused_in_a_row = 0
             self.contributed += 1
             self.tokens += report.result.tokens
+            self.train_seconds += report.result.seconds
             self.last_loss = report.result.mean_loss
             self._progress(report.round, report.result, delivery.nbytes)
             if self.options.max_rounds is not None and self.contributed >= self.options.max_rounds:
@@ -232,7 +234,8 @@ class Worker:
         loss = "-" if self.last_loss is None else f"{self.last_loss:.4f}"
         return (f"{self.contributed} rounds contributed ({self.stale} refused as stale), {self.tokens:,} tokens, "
                 f"last local loss {loss}, up {self.client.bytes_up / 1e6:.1f} MB, down "
-                f"{self.client.bytes_down / 1e6:.1f} MB in {format_duration(elapsed)}")
+                f"{self.client.bytes_down / 1e6:.1f} MB in {format_duration(elapsed)}; in inner steps "
+                f"{self.train_seconds:.1f} s of {elapsed:.1f} s ({100 * self.train_seconds / max(elapsed, 1e-9):.0f}%)")
 
     def close(self) -> None:
         self.leave()
