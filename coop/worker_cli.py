@@ -23,6 +23,7 @@ from coop import __version__
 from coop.cli import run_command
 from coop.coordinator.worker import WorkerOptions, run_worker
 from coop.gossip import peer
+from coop.gossip.options import add_link_options
 
 
 def add_shared_options(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +41,7 @@ def add_shared_options(parser: argparse.ArgumentParser) -> None:
                         help="for one download or upload (default: 600)")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    add_link_options(parser)
     peer = parser.add_argument_group("peer-to-peer runs (used only when URL is a peer: this worker serves too)")
     peer.add_argument("--host", default=None, help="address this peer listens on (default: 127.0.0.1; 0.0.0.0 for all)")
     peer.add_argument("--port", type=int, default=None, help="port this peer listens on (default: a free one)")

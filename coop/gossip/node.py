@@ -42,6 +42,7 @@ from coop.gossip.protocol import (
 from coop.replica import Replica
 from coop.runconfig import RunConfig
 from coop.streaming import fragment_of_round
+from coop.throttle import Link
 from coop.wire import WireError
 from engine.data import TokenDataset
 
@@ -58,13 +59,14 @@ class PeerState:
     """One peer's state, guarded by `cond`; the server's routes call the `handle_*` methods."""
 
     def __init__(self, *, token: str | None, advertise: str, device: str = "cpu", quiet: bool = False,
-                 identity: Identity | None = None, log=None):
+                 identity: Identity | None = None, log=None, link: Link | None = None):
         self.identity = identity or Identity.generate()
         self.peer_id = self.identity.peer_id  # derived from the public key: nobody else can send under it
         self.token = token or None
         self.advertise = advertise.rstrip("/")
         self.device = device
         self.quiet = quiet
+        self.link = link  # --limit-rate / --latency: this peer's own transfers go through it (coop.throttle)
         self._log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         self.cond = threading.Condition()
         self.stopping = threading.Event()
@@ -108,7 +110,7 @@ class PeerState:
     def _client(self, timeout: float | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         t = timeout if timeout is not None else (self.config.gossip.request_timeout_s if self.config else 30.0)
-        return httpx.Client(headers=headers, timeout=t)
+        return httpx.Client(headers=headers, timeout=t, transport=self.link.transport() if self.link else None)
 
     def log(self, message: str) -> None:
         if not self.quiet:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from coop.throttle import Link, LinkLimits
+
 START_DESCRIPTION = ("Start a peer-to-peer swarm: this process is its first peer; others join with "
                      "`coop-worker join http://THIS-HOST:PORT` (through this peer or any other live one).")
 
@@ -22,6 +24,24 @@ def add_peer_options(parser: argparse.ArgumentParser, default_port: int | None) 
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.add_argument("--linger", type=float, default=0.0, help="after the last round, leave the swarm but keep "
                         "serving status and weights for this many seconds")
+    add_link_options(parser)
+
+
+def add_link_options(parser) -> None:
+    """--limit-rate and --latency (coop.throttle): emulate an internet link for this process's transfers."""
+    parser.add_argument("--limit-rate", default=None, metavar="RATE",
+                        help="pace this process's own uploads and downloads to RATE each way, e.g. 100Mbit, 1Gbit, 10MB")
+    parser.add_argument("--latency", default=None, metavar="DELAY",
+                        help="add DELAY before each request and before its response, e.g. 50ms")
+
+
+def link_from_args(args) -> Link | None:
+    """The emulated link of --limit-rate / --latency, or None; a bad value exits 2 with one line."""
+    try:
+        limits = LinkLimits.parse(getattr(args, "limit_rate", None), getattr(args, "latency", None))
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    return None if limits is None else Link(limits)
 
 
 def add_start_options(parser: argparse.ArgumentParser) -> None:

@@ -29,7 +29,7 @@ from coop.diloco import NesterovSGD
 from coop.gossip.identity import Identity, verify
 from coop.gossip.membership import Membership
 from coop.gossip.node import PeerState
-from coop.gossip.options import build_join_parser, build_start_parser
+from coop.gossip.options import build_join_parser, build_start_parser, link_from_args
 from coop.gossip.payload import pack_data, parse_data, parse_state
 from coop.gossip.protocol import (
     Heartbeat,
@@ -48,6 +48,7 @@ from coop.replica import Replica
 from coop.round import RoundLoop
 from coop.runconfig import ConfigError, RunConfig, load_run_config
 from coop.streaming import fragments
+from coop.throttle import Link
 from coop.wire import WireError, spec_of
 from engine.data import TokenDataset, encode_corpus_in_memory, tokenizer_from_json
 from engine.nn import GPT
@@ -337,11 +338,11 @@ def load_identity(key_path: str | None, peer_id: str | None) -> Identity:
 
 def start_swarm(config: RunConfig, *, host: str = "127.0.0.1", port: int = 8500, token: str | None = None,
                 advertise: str | None = None, device: str = "cpu", wait_peers: int = 1, quiet: bool = False,
-                identity: Identity | None = None, linger: float = 0.0) -> int:
+                identity: Identity | None = None, linger: float = 0.0, link: Link | None = None) -> int:
     """Run the first peer of a new swarm until `config.rounds.max_rounds` rounds are done (or Ctrl-C)."""
     port = port or _free_port(host)
     node = PeerNode(token=token, advertise=advertise or _default_advertise(host, port), device=device, quiet=quiet,
-                    identity=identity)
+                    identity=identity, link=link)
     return _serve_and_run(node, lambda: node.setup_new_swarm(config), host, port, wait_peers, linger)
 
 
@@ -354,7 +355,8 @@ def join(url: str, args: argparse.Namespace) -> int:
     advertise = getattr(args, "advertise", None) or _default_advertise(host, port)
     node = PeerNode(token=getattr(args, "token", None), advertise=advertise, device=getattr(args, "device", None) or "cpu",
                     quiet=bool(getattr(args, "quiet", False)),
-                    identity=load_identity(getattr(args, "key", None), getattr(args, "peer_id", None)))
+                    identity=load_identity(getattr(args, "key", None), getattr(args, "peer_id", None)),
+                    link=link_from_args(args))
     return _serve_and_run(node, lambda: node.setup_from_peer(url), host, port,
                           linger=float(getattr(args, "linger", 0) or 0))
 
@@ -373,7 +375,7 @@ def start_from_args(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     return start_swarm(config, host=args.host, port=args.port, token=args.token or os.environ.get("COOP_TOKEN"),
                        advertise=args.advertise, device=args.device, wait_peers=args.wait_peers, quiet=args.quiet,
-                       identity=load_identity(args.key, args.peer_id), linger=args.linger)
+                       identity=load_identity(args.key, args.peer_id), linger=args.linger, link=link_from_args(args))
 
 
 def start_main(argv: list[str] | None = None) -> int:
