@@ -5,7 +5,9 @@
     POST /v1/join                   run token -> worker id, worker token, run config, shard
     GET  /v1/weights                global weights (binary), ETag "r<round>", 304 on If-None-Match
     GET  /v1/shard                  this worker's data shard (binary)
+    GET  /v1/val                    the val slice workers evaluate the global weights on (binary)
     PUT  /v1/rounds/{r}/update      an encoded pseudo-gradient for round r (binary); 409 if r is not open
+    POST /v1/rounds/{r}/eval        {"loss", "tokens"}: this worker's val loss of the weights of round r
     GET  /v1/rounds/{r}/wait        long-poll until round r has closed (or timeout_s passed)
     POST /v1/heartbeat              "still here"; returns the round info
     POST /v1/leave                  the worker leaves the run
@@ -15,8 +17,9 @@
 
 Errors are JSON {"detail": "..."} with 400 (malformed, aborted), 401 (token; answered before the
 body is read), 408 (body slower than body_timeout_s), 409 (stale round, or an upload already in
-flight for this worker), 413 (too large), 422 (not an update of this model), 429 (joins too
-frequent), 503 (full). Every route documents its statuses in the OpenAPI schema.
+flight for this worker, an eval report for weights not served yet or a second one), 413 (too large),
+422 (not an update of this model, an eval report out of range), 429 (joins too frequent), 503 (full).
+Every route documents its statuses in the OpenAPI schema.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from starlette.requests import ClientDisconnect
 
 from coop import __version__
 
+from .evaluation import EvalReport
 from .members import WorkerRecord, retry_after_header
 from .page import render_page
 from .service import Coordinator
@@ -63,6 +67,13 @@ class UpdateAccepted(BaseModel):
     reports: int
 
 
+class EvalAccepted(BaseModel):
+    accepted: bool
+    round: int
+    val_loss: float  # the token-weighted mean of the reports of these weights so far
+    reports: int
+
+
 class ErrorBody(BaseModel):
     detail: Any  # a sentence saying what was expected and what to do (a list for a malformed query)
 
@@ -72,7 +83,7 @@ _MEANING = {
     400: "malformed: a body that is not what the route takes, or an aborted upload",
     401: "missing or wrong token (answered before any body is read; the connection is closed)",
     408: "the body did not arrive within [coordinator] body_timeout_s",
-    409: "round r is not open, or this worker already has an upload in flight",
+    409: "round r is not open, or this worker already has an upload in flight (eval: not served yet, or a second report)",
     413: "the body is over the limit",
     422: "well-formed but not acceptable (an update of another model, bad parameters)",
     429: "too many joins from this address: wait Retry-After seconds",
@@ -189,11 +200,15 @@ async def _drain(request: Request, limit: int, timeout_s: float) -> bool:
     return True
 
 
-async def _json_body(request: Request, model: type[BaseModel], limit: int, timeout_s: float) -> Any:
+async def _json_body(request: Request, model: type[BaseModel], limit: int, timeout_s: float,
+                     required: bool = False) -> Any:
     try:
         raw = await read_body(request, limit, timeout_s)
     except ClientDisconnect:
         raise RequestError(400, "the client went away before its body was complete") from None
+    if not raw and required:
+        raise RequestError(422, f"the body must be JSON with the fields of {model.__name__}: "
+                                f"{', '.join(model.model_fields)}")
     if not raw:
         return model()
     try:
@@ -276,6 +291,29 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         body = await asyncio.to_thread(c.data.shard_body, record.shard)
         c.count_download(record, len(body), "shard")
         return Response(body, media_type=OCTET, headers={"X-Coop-Shard": str(record.shard)})
+
+    @app.get("/v1/val", response_class=Response,
+             responses={**responses(401), 200: binary("the val slice to evaluate on (safetensors)")})
+    async def val(request: Request) -> Response:
+        """The val tokens every worker evaluates the global weights on: {"tokens": uint16/uint32 (n,)}
+        with metadata start, eval_batches, data_id, tokenizer (coop.coordinator.evaluation)."""
+        record = c.authenticate(_bearer(request))
+        body = await asyncio.to_thread(c.val.body)
+        c.count_download(record, len(body), "val")
+        return Response(body, media_type=OCTET)
+
+    @app.post("/v1/rounds/{round_number}/eval", response_model=EvalAccepted,
+              responses=responses(400, 401, 408, 409, 413, 422),
+              openapi_extra={"requestBody": {"content": {"application/json": {"schema": EvalReport.model_json_schema()}},
+                                             "required": True}})
+    async def evaluation(round_number: int, request: Request) -> dict[str, Any]:
+        """Report this worker's val loss of the weights of round r (those GET /v1/weights served for
+        round r; r = max_rounds: the final model), over the windows of GET /v1/val: the mean loss and
+        the tokens it covered. Every [rounds] eval_every rounds and the final weights; one report a
+        worker. The history record of those weights keeps the token-weighted mean of the reports."""
+        record = authenticate(request)
+        report = await _json_body(request, EvalReport, json_limit, body_timeout, required=True)
+        return await c.record_eval(record, round_number, report)
 
     @app.put("/v1/rounds/{round_number}/update", response_model=UpdateAccepted,
              responses=responses(400, 401, 408, 409, 413, 422),

@@ -23,10 +23,13 @@ class CoordinatorMetrics:
         self.bytes_out = Counter("coop_bytes_sent", "Weights and shard bytes sent", ["what"], registry=r)
         self.tokens = Counter("coop_tokens", "Tokens trained on in accepted updates", registry=r)
         self.train_loss = Gauge("coop_train_loss", "Token-weighted mean local loss of the last closed round", registry=r)
-        self.val_loss = Gauge("coop_val_loss", "Validation loss of the global model", registry=r)
+        self.val_loss = Gauge("coop_val_loss", "Val loss of the newest global weights the workers evaluated "
+                              "(token-weighted mean of their reports; NaN before the first)", registry=r)
+        self.eval_reports = Counter("coop_eval_reports", "Val loss reports from workers, by result (accepted, refused)",
+                                    ["result"], registry=r)
         self.round_seconds = Histogram("coop_round_duration_seconds", "From a round's opening to its close", registry=r,
                                        buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600))
-        self.aggregate_seconds = Histogram("coop_aggregate_seconds", "Outer step + evaluation + persistence",
+        self.aggregate_seconds = Histogram("coop_aggregate_seconds", "Outer step + persistence of a round's close",
                                            registry=r, buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
 
     def render(self) -> bytes:

@@ -107,9 +107,11 @@ def render_page(status: dict[str, Any]) -> str:
     rounds = [h for h in history if h.get("round") is not None]
     model, data = status["model"], status["data"]
     phase = "done" if status["done"] else status["phase"]
+    val = status.get("val_loss")  # the newest weights the workers evaluated
     cards = [
         ("round", f"{status['round']} / {status['max_rounds']}"),
         ("phase", phase),
+        ("val loss", f"{val['loss']:.4f} (weights of round {val['round']}, {val['reports']} reports)" if val else None),
         ("reports", f"{len(status['reports'])} (quorum {status['quorum']})"),
         ("active workers", status["active_workers"]),
         ("open for", f"{status['open_for_s']:.0f} s"),

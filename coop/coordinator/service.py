@@ -2,8 +2,9 @@
 persistence around the round state machine. The FastAPI app (app.py) is a thin layer over this.
 
 Concurrency: one asyncio event loop. Decoding an update (CPU-bound) runs in a thread without the
-lock; everything that changes state (aggregating an update, closing a round) runs under one
-asyncio lock, with its numerical work in a thread so that heartbeats and long-polls stay served.
+lock; everything that changes state (aggregating an update, closing a round, recording a val loss)
+runs under one asyncio lock, with its numerical work in a thread so that heartbeats and long-polls
+stay served. The coordinator never runs the model: the workers report the val loss (evaluation.py).
 """
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ import numpy as np
 import engine
 from coop import __version__
 from coop.diloco import Aggregator, global_norm, shapes_of
-from coop.replica import load_weights, weights_of
+from coop.replica import weights_of
 from coop.runconfig import RunConfig
 from coop.streaming import fragment_of_round, fragments
 from coop.wire import pack, spec_of
 from engine.nn import GPT
 
 from .data import RunData, prepare_data
+from .evaluation import EvalReport, ValLosses, latest_val
 from .members import JoinRateLimiter, Members, WorkerRecord, retry_after_header, tokens_equal
 from .metrics import CoordinatorMetrics
 from .rounds import DeadlinePolicy, Phase, Report, RoundMachine, StaleRound
@@ -88,15 +90,16 @@ class Coordinator:
         self.metrics = CoordinatorMetrics()
         self.totals = {"bytes_in": 0, "bytes_out": 0, "updates_accepted": 0, "updates_rejected": 0}
         self._round_bytes_in = 0
-        self._eval_model: GPT | None = None
+        # the workers' val loss reports, filed in the history's records (never computed here)
+        self.val = ValLosses(config, self.data, self.history, self.state_dir, self.metrics,
+                             saved.evals if saved is not None else None)
         self.join_limiter = JoinRateLimiter(c.joins_per_minute)
         self.uploading: set[str] = set()  # workers with an upload in flight: one each at a time
         self._pruned_at = 0.0
         self._members_dirty = False  # joins and leaves are written by the ticker, at most once a tick
         if saved is None:
-            initial: dict[str, Any] = {"round": None, "outer_steps": 0}  # the starting point of the loss curve
-            self._evaluate_into(initial, force=True)
-            self.history.append(initial)
+            # the starting point of the loss curve: its val loss comes from the workers' round-0 reports
+            self.history.append({"round": None, "outer_steps": 0})
             save_round(self.state_dir, round_number=0, weights=self.weights, outer_state=self.outer.state_dict(),
                        history=self.history, config=self.config.model_dump())
             save_members(self.state_dir, self.members.to_json())
@@ -142,6 +145,7 @@ class Coordinator:
     async def stop(self) -> None:
         if self._ticker:
             self._ticker.cancel()
+        self.val.flush()
 
     async def _tick_forever(self) -> None:
         """Closes rounds: on a timer (deadlines, workers timing out) and when woken by an upload,
@@ -153,6 +157,7 @@ class Coordinator:
             try:
                 self._prune_gone()
                 self.flush_members()
+                self.val.flush()
                 async with self._lock:
                     await self._maybe_close()
             except asyncio.CancelledError:
@@ -243,6 +248,8 @@ class Coordinator:
             "heartbeat_s": c.coordinator.heartbeat_s,
             "seed": (c.seed * 1_000_003 + self.members.next_index) % 2**32,
             "max_update_bytes": self.max_update_bytes,
+            # report the val loss of the weights of every `every`th round and of the final ones (GET /v1/val)
+            "eval": {"every": c.rounds.eval_every, "batches": c.rounds.eval_batches},
         }
 
     def leave(self, record: WorkerRecord) -> None:
@@ -271,6 +278,12 @@ class Coordinator:
             record.bytes_down += nbytes
         self.totals["bytes_out"] += nbytes
         self.metrics.bytes_out.labels(what).inc(nbytes)
+
+    # -- the val loss, measured by the workers (evaluation.py) ---------------------------------------
+    async def record_eval(self, worker: WorkerRecord, round_number: int, report: EvalReport) -> dict[str, Any]:
+        """One worker's val loss of the weights of round r; a refused report changes nothing."""
+        async with self._lock:  # a round's close appends to the history and writes it
+            return self.val.record(worker.id, round_number, report, self.machine.number)
 
     # -- updates -----------------------------------------------------------------------------------
     def precheck_update(self, record: WorkerRecord, round_number: int) -> None:
@@ -382,16 +395,17 @@ class Coordinator:
         self.metrics.aggregate_seconds.observe(self.clock() - t0)
         if record.get("train_loss") is not None:
             self.metrics.train_loss.set(record["train_loss"])
-        log.info("round %d closed (%s): %d updates, %d tokens, train loss %s, val loss %s", current.number, reason,
-                 record["contributors"], record["tokens"], _fmt(record.get("train_loss")), _fmt(record.get("val_loss")))
+        log.info("round %d closed (%s): %d updates, %d tokens, train loss %s, last val loss %s", current.number,
+                 reason, record["contributors"], record["tokens"], _fmt(record.get("train_loss")),
+                 _fmt((latest_val(self.history) or {}).get("loss")))
         if self.machine.done:
             log.info("run done: %d rounds", self.machine.number)
         event, self._round_event = self._round_event, asyncio.Event()
         event.set()
 
     def _aggregate_and_persist(self, current, reason: str, active: int) -> dict[str, Any]:
-        """In a thread: outer step, evaluation, history, checkpoint. Raises (state untouched) if the
-        aggregate is unusable; the global weights only change once outer.step has checked it."""
+        """In a thread: outer step, history, checkpoint (no evaluation: the workers report it). Raises
+        (state untouched) if the aggregate is unusable; the weights only change once outer.step has checked it."""
         pseudo_grad = self.aggregator.result()
         lr = self.outer.current_lr()
         self.outer.step({n: self.weights[n] for n in self.parts[self.fragment]}, pseudo_grad)  # in place
@@ -416,7 +430,6 @@ class Coordinator:
             "closed_at": self.clock(),
         }
         self.aggregator.reset()
-        self._evaluate_into(record)
         self.history.append(record)
         try:
             self._persist_closed_round()
@@ -430,30 +443,6 @@ class Coordinator:
         (members.json is written by _close_round, on the event loop: see there.)"""
         save_round(self.state_dir, round_number=self.machine.number + 1, weights=self.weights,
                    outer_state=self.outer.state_dict(), history=self.history, config=self.config.model_dump())
-
-    def _evaluate_into(self, record: dict[str, Any], force: bool = False) -> None:
-        every = self.config.rounds.eval_every
-        if not every or not (force or record["outer_steps"] % every == 0):
-            return
-        try:
-            record["val_loss"] = self.evaluate()
-        except Exception as error:  # evaluation is a nicety; it must never cost a round
-            log.error("evaluation failed: %s", error)
-
-    def evaluate(self) -> float:
-        """Mean loss of the global weights on fixed windows of the val split."""
-        if self._eval_model is None:
-            self._eval_model = GPT(self.model_config)
-            self._eval_model.eval()
-        load_weights(self._eval_model, self.weights)
-        rng = np.random.default_rng(12345)  # the same windows every time: losses comparable across rounds
-        losses = []
-        with engine.no_grad():
-            for _ in range(self.config.rounds.eval_batches):
-                x, y = self.data.val.get_batch(self.config.inner.batch_size, self.config.model.block_size, rng)
-                _, loss = self._eval_model(engine.tensor(x), engine.tensor(y))
-                losses.append(float(loss.item()))
-        return float(np.mean(losses))
 
     # -- long-poll -----------------------------------------------------------------------------------
     async def wait_round_end(self, round_number: int, timeout_s: float, record: WorkerRecord | None) -> dict[str, Any]:
@@ -500,6 +489,7 @@ class Coordinator:
             "inner_steps": self.config.inner.inner_steps,
             "totals": dict(self.totals),
             "workers": [w.public(now, timeout) for w in self.members.workers.values()],
+            "val_loss": latest_val(self.history),
             "history": self.history,
         }
 

@@ -6,6 +6,9 @@
                       fsynced and renamed; a reader falls back to the previous one mid-swap)
       members.json    workers and their token digests (temp file + fsync + rename, on every join/leave
                       and after every round)
+      evals.json      the workers' val loss reports per weights (coop.coordinator.evaluation): they
+                      come between checkpoints, the final model's after the last one (temp file +
+                      fsync + rename, at most once a tick)
       data/           the tokenized corpus (coop.coordinator.data)
 
 The checkpoint is written after every round, so a restarted coordinator loses at most the round
@@ -36,6 +39,7 @@ class SavedRun:
     history: list[dict[str, Any]]
     config: dict[str, Any]
     members: dict[str, Any] | None
+    evals: dict[str, Any] | None = None
 
 
 def checkpoint_dir(state_dir: Path) -> Path:
@@ -44,6 +48,10 @@ def checkpoint_dir(state_dir: Path) -> Path:
 
 def members_path(state_dir: Path) -> Path:
     return state_dir / "members.json"
+
+
+def evals_path(state_dir: Path) -> Path:
+    return state_dir / "evals.json"
 
 
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
@@ -101,6 +109,10 @@ def save_members(state_dir: Path, members: dict[str, Any]) -> None:
     write_json_atomic(members_path(state_dir), members)
 
 
+def save_evals(state_dir: Path, evals: dict[str, Any]) -> None:
+    write_json_atomic(evals_path(state_dir), evals)
+
+
 def load_run(state_dir: Path) -> SavedRun | None:
     """The saved run in `state_dir`, or None if there is none yet. Raises ValueError on a state
     directory written by something else."""
@@ -116,8 +128,11 @@ def load_run(state_dir: Path) -> SavedRun | None:
     path = members_path(state_dir)
     if path.is_file():
         members = json.loads(path.read_text(encoding="utf-8"))
+    evals = None
+    if evals_path(state_dir).is_file():
+        evals = json.loads(evals_path(state_dir).read_text(encoding="utf-8"))
     weights = {name: np.array(array, dtype=np.float32) for name, array in state["weights"].items()}
     outer = dict(state["outer"])
     outer["momentum_buffer"] = {k: np.array(v, dtype=np.float32) for k, v in outer.get("momentum_buffer", {}).items()}
     return SavedRun(round=int(state["round"]), weights=weights, outer_state=outer, history=list(state["history"]),
-                    config=dict(state["config"]), members=members)
+                    config=dict(state["config"]), members=members, evals=evals)

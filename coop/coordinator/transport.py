@@ -2,18 +2,25 @@
 
     begin:    download the global weights of the open round r (304 when ours are current),
               and make sure r is still open for updates (not being aggregated, run not done)
-    exchange: upload the encoded pseudo-gradient for round r, then long-poll until r closes
+    exchange: upload the encoded pseudo-gradient for round r, evaluate round r's weights while the
+              others finish (every eval_every rounds), then long-poll until r closes
               (re-uploading it if a restarted coordinator lost it)
 
 The coordinator aggregates and takes the outer step (coop.coordinator.service); the next
 round's `begin` downloads the result. Streaming (P fragments): round r sends fragment r mod P
 and loads the fragment the last round merged, when our update was in that merge; a worker that
 missed a round starts afresh from the whole download.
+
+The val loss of the global weights is the workers' to measure (the coordinator never runs the
+model): each reports its loss of the weights of round r (POST /v1/rounds/{r}/eval) right after
+its upload, when it would otherwise wait, and the final weights' once the run is done.
 """
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -22,6 +29,9 @@ import numpy as np
 from ..round import Contribution, RoundStart
 from ..wire import WireError, pack, unpack, upload_chunks
 from .client import CoordinatorClient, WorkerError
+from .evaluation import eval_due
+
+log = logging.getLogger("coop.worker")
 
 
 @dataclass
@@ -34,11 +44,22 @@ class Delivery:
     done: bool = False  # the run ended with this round
 
 
+@dataclass
+class ValCheck:
+    """When and how this worker measures the val loss of the global weights (from the join reply)."""
+
+    every: int  # [rounds] eval_every: the weights of every `every`th round (0: never), and the final ones
+    max_rounds: int
+    evaluate: Callable[[dict[str, np.ndarray]], tuple[float, int]]  # weights -> (mean loss, tokens evaluated)
+    done: set[int] = field(default_factory=set)  # rounds whose weights this worker evaluated (once each)
+
+
 class HttpTransport:
     def __init__(self, client: CoordinatorClient, shapes: dict[str, tuple[int, ...]], say: Callable[[str], None],
-                 parts: list[list[str]] | None = None):
+                 parts: list[list[str]] | None = None, val: ValCheck | None = None):
         self.client, self.shapes, self.say = client, shapes, say
         self.parts = parts or [list(shapes)]
+        self.val = val
         self.weights: dict[str, np.ndarray] | None = None
         self.weights_round: int | None = None
         self.accepted_round: int | None = None  # the last round whose update the coordinator took
@@ -50,6 +71,8 @@ class HttpTransport:
             round_number = self.fetch_weights()
             info = self.client.request("POST", "/v1/heartbeat", json={}).json()
             if info["done"]:
+                if info["round"] == round_number:  # the final weights: the history wants their loss too
+                    self.report_val(round_number)
                 self.say(f"the run is done at round {info['round']}")
                 return None
             if info["round"] != round_number:  # moved on between the two requests
@@ -89,7 +112,10 @@ class HttpTransport:
         outcome = self.upload(round_index, body)
         if outcome == "accepted":
             self.accepted_round = round_index
+            self.report_val(round_index)  # while the others finish the round
             end = self.wait_round_end(round_index, body)
+            if end["done"]:  # the worker stops here: the final weights' val loss first
+                self.report_final()
             return Delivery("accepted", len(body), bool(end["done"]))
         if outcome == "aggregating":
             self.wait_round_end(round_index, None)
@@ -116,6 +142,42 @@ class HttpTransport:
             self.client.bytes_up += len(body)
             return "accepted"
         return reason
+
+    def report_val(self, round_number: int) -> None:
+        """Evaluate the weights of round r (those downloaded) on this worker's device and report the
+        loss, when the run asks for it and this worker has not yet. The val loss is a measurement,
+        not training: whatever goes wrong with it is said and the rounds go on."""
+        val = self.val
+        if val is None or round_number in val.done or not eval_due(round_number, val.every, val.max_rounds):
+            return
+        val.done.add(round_number)
+        try:
+            loss, tokens = val.evaluate(self.weights)
+        except Exception as error:  # e.g. out of device memory: the next round must still run
+            self.say(f"round {round_number}: could not evaluate the global weights ({type(error).__name__}: {error})")
+            return
+        if not math.isfinite(loss):
+            self.say(f"round {round_number}: the global weights' val loss is {loss}; not reported")
+            return
+        try:  # 409: reported already (a retry that got through) or the coordinator moved back after a restart
+            self.client.request("POST", f"/v1/rounds/{round_number}/eval", json={"loss": loss, "tokens": tokens},
+                                ok=(200, 409))
+        except WorkerError as error:
+            self.say(f"round {round_number}: the val loss report was refused: {error}")
+            return
+        log.info("round %d: val loss of the global weights %.4f", round_number, loss)
+
+    def report_final(self) -> None:
+        """The run is done: download the final weights, evaluate them and report (once)."""
+        val = self.val
+        if val is None or not val.every or val.max_rounds in val.done:
+            return
+        try:
+            round_number = self.fetch_weights()
+        except WorkerError as error:  # the run is over and trained: a missing measurement must not fail it
+            self.say(f"could not download the final weights to evaluate them: {error}")
+            return
+        self.report_val(round_number)
 
     def wait_round_end(self, round_number: int, body: bytes | None) -> dict[str, Any]:
         """Long-poll until round r closes. If the coordinator restarted and lost our update while

@@ -1,11 +1,13 @@
 """The HTTP worker: `coop-worker join URL` against a coordinator.
 
-    join -> download the data shard -> the round loop (coop.round.RoundLoop over HttpTransport):
+    join -> download the data shard (and the val slice) -> the round loop (coop.round.RoundLoop
+    over HttpTransport):
         download the global weights of the open round r
         train K inner steps from them (coop.replica.Replica, on --device)
         upload the encoded pseudo-gradient for round r
+        every eval_every rounds: evaluate the weights of round r, report their val loss
         long-poll until round r closes (re-uploading if a restarted coordinator lost it)
-    until the run is done.
+    until the run is done; then evaluate the final weights and report them.
 
 Network errors and coordinator restarts are retried with exponential backoff; a worker whose
 token the coordinator no longer knows joins again and carries on at the current round. Ctrl-C
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from engine.data import TokenDataset
 from engine.nn import GPTConfig
@@ -35,7 +38,7 @@ from ..round import RoundLoop, RoundReport
 from ..streaming import fragments
 from ..wire import WireError, unpack
 from .client import CoordinatorClient, Heartbeat, NeedsRejoin, WorkerError
-from .transport import HttpTransport
+from .transport import HttpTransport, ValCheck
 
 log = logging.getLogger("coop.worker")
 
@@ -86,6 +89,8 @@ class Worker:
         self.replica: Replica | None = None
         self.loop: RoundLoop | None = None
         self.run_info: dict[str, Any] = {}
+        self.val_data: TokenDataset | None = None  # the coordinator's val slice (GET /v1/val)
+        self.val_check: ValCheck | None = None
         self.contributed = 0
         self.stale = 0
         self.refused_in_a_row = 0  # reset by an accepted update
@@ -110,6 +115,9 @@ class Worker:
         self.client.token = info["worker_token"]
         self.run_info = info
         shard = self.fetch_shard(info)
+        every = int((info.get("eval") or {}).get("every", 0))
+        if every:
+            self.val_data = self._tokens_from(self.client.request("GET", "/v1/val").content, info, "val slice")
         if self.replica is None:
             model_config = GPTConfig.from_dict(info["model"])
             inner = InnerConfig(**info["inner"])
@@ -117,7 +125,9 @@ class Worker:
             shapes = {name: tuple(p.shape) for name, p in self.replica.model.named_parameters()}
             codec = get_codec(info["compression"]["codec"], **info["compression"]["options"])
             parts = fragments(shapes, int(info.get("fragments", 1)))  # streaming DiLoCo: a fragment a round
-            self.loop = RoundLoop(self.replica, codec, HttpTransport(self.client, shapes, self.say, parts),
+            self.val_check = ValCheck(every, int(info["max_rounds"]), self.evaluate_global)
+            self.loop = RoundLoop(self.replica, codec,
+                                  HttpTransport(self.client, shapes, self.say, parts, self.val_check),
                                   int(info["inner_steps"]) // len(parts))
             n_params = sum(p.numel() for p in self.replica.model.parameters())
             self.say(f"joined {self.client.url} as {info['worker_id']} at round {info['round']}: GPT "
@@ -126,6 +136,7 @@ class Worker:
                      f"({len(shard):,} tokens), device {self.options.device}")
         else:  # rejoined: keep the model and the inner optimizer state, take the (maybe new) shard
             self.replica.data = shard
+            self.val_check.every, self.val_check.max_rounds = every, int(info["max_rounds"])  # a restart may change them
             self.say(f"rejoined as {info['worker_id']} at round {info['round']}")
         if self.heartbeat is None:
             self.heartbeat = Heartbeat(self.client, float(info["heartbeat_s"]))
@@ -139,13 +150,13 @@ class Worker:
             cache = shard_cache_path(Path(self.options.cache_dir), info)
             if cache.is_file():
                 try:
-                    return self._shard_from(cache.read_bytes(), info)
+                    return self._tokens_from(cache.read_bytes(), info)
                 except WorkerError as error:
                     log.warning("ignoring the cached shard %s: %s", cache, error)
         response = self.client.request("GET", "/v1/shard")
         body = response.content
         self.client.bytes_down += len(body)
-        data = self._shard_from(body, info)
+        data = self._tokens_from(body, info)
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             tmp = cache.with_name(cache.name + ".tmp")
@@ -156,17 +167,28 @@ class Worker:
         return data
 
     @staticmethod
-    def _shard_from(body: bytes, info: dict[str, Any]) -> TokenDataset:
+    def _tokens_from(body: bytes, info: dict[str, Any], what: str = "shard") -> TokenDataset:
+        """The shard (or the val slice) in a body from the coordinator, checked against the join reply."""
         try:
             tensors, meta = unpack(body)
         except WireError as error:
-            raise WorkerError(f"the coordinator sent a malformed shard: {error}") from None
+            raise WorkerError(f"the coordinator sent a malformed {what}: {error}") from None
         tokens = tensors.get("tokens")
         if tokens is None or tokens.ndim != 1 or tokens.dtype.kind != "u" or meta.get("data_id") != info["data_id"]:
-            raise WorkerError("the shard is not the one the coordinator described at join (data changed?)")
+            raise WorkerError(f"the {what} is not of the data the coordinator described at join (data changed?)")
         if tokens.size and int(tokens.max()) >= int(info["model"]["vocab_size"]):
-            raise WorkerError("the shard has token ids beyond the model's vocabulary")
+            raise WorkerError(f"the {what} has token ids beyond the model's vocabulary")
+        if tokens.size <= int(info["inner"]["block_size"]):
+            raise WorkerError(f"the {what} has {tokens.size} tokens, fewer than a window of block_size + 1")
         return TokenDataset(tokens, meta.get("tokenizer"))
+
+    def evaluate_global(self, weights: dict[str, np.ndarray]) -> tuple[float, int]:
+        """(mean loss, tokens) of the global weights on the val slice, on this worker's device under its
+        training precision. evaluate_weights puts the replica's own weights back (a streaming replica's
+        local ones train on), and draws its windows with a fixed seed: every worker evaluates the same."""
+        batches = int(self.run_info["eval"]["batches"])
+        loss = self.replica.evaluate_weights(weights, self.val_data, batches)
+        return loss, batches * self.replica.inner.batch_size * self.replica.inner.block_size
 
     # -- the rounds --------------------------------------------------------------------------------
     def run(self) -> int:

@@ -154,7 +154,7 @@ def test_resume_from_the_state_directory(make, tmp_path):
     assert resumed.machine.number == 1 and resumed.outer.step_count == 1
     assert all(np.array_equal(weights[k], v) for k, v in resumed.weights.items())
     assert all(np.array_equal(momentum[k], v) for k, v in resumed.outer.momentum_buffer.items())
-    assert len(resumed.history) == 2  # the initial evaluation and round 0
+    assert len(resumed.history) == 2  # the initial record and round 0
     assert client2.post("/v1/heartbeat", headers=a).json()["round"] == 1  # worker tokens survive a restart
     with pytest.raises(ValueError, match="another model"):
         Coordinator(tiny(model={"n_layer": 2}), tmp_path / "state", "tok")
@@ -233,3 +233,133 @@ def test_streaming_rounds_take_one_fragment_each_and_step_only_it(make):
         tiny(model={"n_layer": 2}, inner={"steps": 3}, outer={"fragments": 2})
     with pytest.raises(ValueError, match="more than the model's 1 layers"):
         tiny(outer={"fragments": 2})
+
+
+# -- the val loss: the workers measure it, the coordinator records it ---------------------------------
+def report(client, headers, round_number, loss, tokens):
+    return client.post(f"/v1/rounds/{round_number}/eval", json={"loss": loss, "tokens": tokens}, headers=headers)
+
+
+def close_round(coordinator, client, round_number, *workers):
+    for headers in workers:
+        body = update_body(coordinator, round_number)
+        assert client.put(f"/v1/rounds/{round_number}/update", content=body, headers=headers).status_code == 200
+    assert client.get(f"/v1/rounds/{round_number}/wait", params={"timeout_s": 5}, headers=workers[0]).json()["closed"]
+
+
+def wait_for_file(path, predicate, timeout=5.0):
+    import json
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.is_file() and predicate(json.loads(path.read_text())):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never held what was expected")
+
+
+def metric(client, name):
+    line = next(l for l in client.get("/metrics").text.splitlines() if l.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def test_the_val_slice_is_fixed_consecutive_val_tokens_for_workers_only(make, tmp_path):
+    coordinator, client = make()
+    info, auth = join(client)
+    _, other = join(client)
+    assert info["eval"] == {"every": 1, "batches": 2}
+    assert client.get("/v1/val").status_code == 401
+    body = client.get("/v1/val", headers=auth).content
+    assert client.get("/v1/val", headers=other).content == body  # every worker evaluates the same windows
+    tensors, meta = unpack(body)
+    tokens, val = tensors["tokens"], coordinator.data.val.tokens
+    assert len(tokens) == meta["tokens"] == min(len(val), 2 * 4 * 17)  # eval_batches x batch_size x (block_size + 1)
+    np.testing.assert_array_equal(tokens, val[meta["start"]:meta["start"] + len(tokens)])
+    assert meta["data_id"] == info["data_id"] and meta["eval_batches"] == 2
+    assert Coordinator(None, tmp_path / "state").val.body() == body  # the same slice after a restart
+
+
+def test_the_coordinator_records_the_token_weighted_mean_of_the_reports_late_ones_too(make, tmp_path):
+    coordinator, client = make()
+    (_, a), (_, b), (_, c) = join(client), join(client), join(client)
+    assert "val_loss" not in coordinator.history[0]  # the coordinator did not evaluate at start-up
+    assert client.get("/v1/status", headers=a).json()["val_loss"] is None
+    assert np.isnan(metric(client, "coop_val_loss"))  # nothing measured yet
+    reply = report(client, a, 0, 4.0, 32)
+    assert reply.status_code == 200 and reply.json() == {"accepted": True, "round": 0, "val_loss": 4.0, "reports": 1}
+    assert report(client, b, 0, 3.0, 96).json()["val_loss"] == pytest.approx((4.0 * 32 + 3.0 * 96) / 128)
+    close_round(coordinator, client, 0, a, b, c)  # c is slow to evaluate: it reports round 0's weights later
+    assert "val_loss" not in coordinator.history[1]  # nor at the close of a round
+    assert report(client, a, 1, 2.0, 128).status_code == 200  # the weights of round 1: round 0's record
+    status = client.get("/v1/status", headers=a).json()
+    assert status["history"][1]["val_loss"] == 2.0 and status["val_loss"] == {"round": 1, "loss": 2.0, "reports": 1}
+    assert report(client, c, 0, 5.0, 128).status_code == 200  # late: the initial record is updated
+    initial = (4.0 * 32 + 3.0 * 96 + 5.0 * 128) / 256
+    assert coordinator.history[0]["val_loss"] == pytest.approx(initial) and coordinator.history[0]["val_tokens"] == 256
+    assert metric(client, "coop_val_loss") == 2.0  # the newest weights' loss, not the late report's
+    page = client.get("/").text
+    assert "2.0000 (weights of round 1, 1 reports)" in page  # the card; the charts and the table follow the history
+    # the reports after the last checkpoint (round 0's record, the late one) are in evals.json
+    wait_for_file(tmp_path / "state" / "evals.json", lambda e: len(e.get("0", {})) == 3 and "1" in e)
+    resumed, client2 = make(None, state_dir=tmp_path / "state")
+    assert resumed.history[0]["val_loss"] == pytest.approx(initial) and resumed.history[1]["val_loss"] == 2.0
+    assert metric(client2, "coop_val_loss") == 2.0
+    assert report(client2, c, 0, 1.0, 128).status_code == 409  # a worker's report counts once, restart or not
+    assert report(client2, b, 1, 3.0, 128).json()["val_loss"] == pytest.approx(2.5)
+
+
+def test_the_final_weights_val_loss_is_recorded_and_persisted_after_the_run(make, tmp_path):
+    coordinator, client = make(tiny(rounds={"max_rounds": 2, "eval_every": 2}))
+    (_, a), (_, b) = join(client), join(client)
+    close_round(coordinator, client, 0, a, b)
+    close_round(coordinator, client, 1, a, b)
+    assert coordinator.machine.done
+    assert report(client, a, 1, 3.0, 64).status_code == 422  # eval_every 2: the weights of round 1 are not asked for
+    assert report(client, a, 2, 3.0, 64).status_code == 200  # the final weights (round 2 = max_rounds)
+    assert coordinator.history[-1]["outer_steps"] == 2 and coordinator.history[-1]["val_loss"] == 3.0
+    wait_for_file(tmp_path / "state" / "evals.json", lambda e: "2" in e)  # no round close will write it now
+    resumed, _ = make(None, state_dir=tmp_path / "state")
+    assert resumed.history[-1]["val_loss"] == 3.0 and resumed.status()["val_loss"]["round"] == 2
+
+
+def test_bad_eval_reports_are_refused_with_a_4xx_and_change_nothing(make):
+    import copy
+    coordinator, client = make()
+    _, auth = join(client)
+    schema = client.get("/openapi.json").json()["paths"]["/v1/rounds/{round_number}/eval"]["post"]["responses"]
+    before = copy.deepcopy(coordinator.history)
+    nan = b'{"loss": NaN, "tokens": 64}'
+    cases = [
+        ("no worker token", 0, {"loss": 3.0, "tokens": 64}, {}, 401),
+        ("the run token", 0, {"loss": 3.0, "tokens": 64}, {"Authorization": "Bearer tok"}, 401),
+        ("NaN", 0, nan, auth, 422),
+        ("infinity", 0, b'{"loss": Infinity, "tokens": 64}', auth, 422),
+        ("negative", 0, {"loss": -0.5, "tokens": 64}, auth, 422),
+        ("huge", 0, {"loss": 1e30, "tokens": 64}, auth, 422),
+        ("a string", 0, {"loss": "3.0", "tokens": 64}, auth, 422),
+        ("no tokens", 0, {"loss": 3.0}, auth, 422),
+        ("zero tokens", 0, {"loss": 3.0, "tokens": 0}, auth, 422),
+        ("more tokens than an evaluation has", 0, {"loss": 3.0, "tokens": 129}, auth, 422),
+        ("tokens as a bool", 0, {"loss": 3.0, "tokens": True}, auth, 422),
+        ("an extra field", 0, {"loss": 3.0, "tokens": 64, "weight": 100}, auth, 422),
+        ("no body", 0, b"", auth, 422),
+        ("not JSON", 0, b"{loss", auth, 422),
+        ("weights not served yet", 2, {"loss": 3.0, "tokens": 64}, auth, 409),
+        ("a negative round", -1, {"loss": 3.0, "tokens": 64}, auth, 422),
+    ]
+    for what, round_number, body, headers, expected in cases:
+        path = f"/v1/rounds/{round_number}/eval"
+        if isinstance(body, bytes):
+            response = client.post(path, content=body, headers={**headers, "Content-Type": "application/json"})
+        else:
+            response = client.post(path, json=body, headers=headers)
+        assert response.status_code == expected, (what, response.status_code, response.text)
+        assert str(expected) in schema and response.json()["detail"], what
+        assert coordinator.history == before, what
+    assert np.isnan(metric(client, "coop_val_loss"))
+    assert report(client, auth, 0, 3.0, 64).status_code == 200
+    assert report(client, auth, 0, 3.0, 64).json()["reason"] == "duplicate"
+    assert coordinator.history[0]["val_reports"] == {"w0": [3.0, 64]}
+    never, client2 = make(tiny(rounds={"eval_every": 0}), state_dir=coordinator.state_dir.parent / "other")
+    _, auth2 = join(client2)
+    assert report(client2, auth2, 0, 3.0, 64).status_code == 422  # this run does not evaluate

@@ -7,6 +7,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 import pytest
 
 from coop.coordinator.client import CoordinatorClient, NeedsRejoin, WorkerError
@@ -91,3 +92,28 @@ def test_an_upload_reset_by_a_401_is_told_apart_by_a_heartbeat(server):
     with pytest.raises(NeedsRejoin):
         client_of(server).request("PUT", "/v1/rounds/0/update", content=b"x" * 1000)
     assert ("POST", "/v1/heartbeat") in [(m, p) for m, p, _ in server.seen]
+
+
+def test_the_val_loss_is_reported_once_for_each_weights_asked_for_and_never_stops_the_worker(server):
+    from coop.coordinator.transport import HttpTransport, ValCheck
+    evaluated, said = [], []
+
+    def evaluate(weights):
+        evaluated.append(weights["w"][0])
+        if weights["w"][0] == 4:
+            raise RuntimeError("out of device memory")
+        return 3.25, 64
+
+    transport = HttpTransport(client_of(server), {"w": (1,)}, said.append,
+                              val=ValCheck(every=2, max_rounds=5, evaluate=evaluate))
+    server.script["/v1/rounds/2/eval"] = [(422, {})]  # refused: said, and the rounds go on
+    for r in (0, 0, 1, 2, 3, 4, 5):  # 5 = max_rounds: the final weights, whatever eval_every says
+        transport.weights = {"w": np.array([r], np.float32)}
+        transport.report_val(r)
+    assert evaluated == [0, 2, 4, 5]  # once each, only the weights of every 2nd round and the final ones
+    posts = [path for method, path, _ in server.seen if method == "POST"]
+    assert posts == ["/v1/rounds/0/eval", "/v1/rounds/2/eval", "/v1/rounds/5/eval"]  # not the failed evaluation
+    assert any("refused" in s for s in said) and any("out of device memory" in s for s in said)
+    transport.val.every = 0  # a run without evaluation sends nothing
+    transport.report_val(6)
+    assert evaluated == [0, 2, 4, 5]

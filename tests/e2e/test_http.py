@@ -3,6 +3,8 @@ threads that send real encoded updates), on 127.0.0.1, killed and restarted for 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import signal
 import threading
 import time
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 
 from coop.codec import get_codec
+from coop.coordinator.evaluation import restore_reports
 from coop.coordinator.state import load_run
 from coop.wire import pack, unpack
 
@@ -65,11 +68,15 @@ def closed_rounds(status: dict) -> list[int]:
 def test_two_workers_train_and_the_global_loss_falls(tmp_path, procs):
     coordinator = procs(Coordinator(tmp_path, run_config(rounds={"max_rounds": 8}, coordinator={"min_workers": 2})))
     workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2)]
-    status = coordinator.wait_status(lambda s: s["done"], 90, "8 rounds", [w.log for w in workers])
+    # the val losses are the workers' reports; the final model's come once the run is done
+    status = coordinator.wait_status(lambda s: s["done"] and all(len(h.get("val_reports", {})) == 2
+                                                                 for h in s["history"]),
+                                     90, "8 rounds and both workers' val loss of every weights", [w.log for w in workers])
     assert closed_rounds(status) == list(range(8))
     assert all(h["contributors"] == 2 for h in status["history"] if h.get("round") is not None)
     losses = val_losses(status)
     assert len(losses) == 9  # before round 0, then after each round
+    assert status["val_loss"]["round"] == 8 and status["val_loss"]["loss"] == losses[-1]
     assert losses[-1] < losses[0] - 0.5, losses
     for worker in workers:
         assert worker.wait(30) == 0, worker.output()
@@ -78,6 +85,8 @@ def test_two_workers_train_and_the_global_loss_falls(tmp_path, procs):
     assert page.status_code == 200 and "<svg" in page.text and "worker1" in page.text
     metrics = httpx.get(coordinator.url + "/metrics").text
     assert "coop_round 8.0" in metrics and 'coop_updates_total{result="accepted"} 16.0' in metrics
+    assert float(re.search(r"^coop_val_loss (\S+)$", metrics, re.M).group(1)) == pytest.approx(losses[-1])
+    assert 'coop_eval_reports_total{result="accepted"} 18.0' in metrics  # 9 weights x 2 workers
 
 
 def test_streaming_workers_merge_a_fragment_a_round_and_the_loss_falls(tmp_path, procs):
@@ -171,6 +180,11 @@ def test_coordinator_killed_and_restarted_carries_on(tmp_path, procs):
 
     status = coordinator.wait_status(lambda s: s["done"], 90, "the run to finish after the restart", logs)
     assert closed_rounds(status) == list(range(20))
+    # the val loss reports the state directory held (checkpoint and evals.json) are all still there
+    restore_reports(saved.history, saved.evals)
+    kept = {h["outer_steps"]: set(h["val_reports"]) for h in saved.history if h.get("val_reports")}
+    assert kept, "workers report the val loss of round 0's weights at least before round 4"
+    assert all(kept[h["outer_steps"]] <= set(h.get("val_reports", {})) for h in status["history"] if h["outer_steps"] in kept)
     # the same two workers carried on with their tokens: nobody had to join again
     assert sorted(w["id"] for w in status["workers"]) == ["w0", "w1"]
     after = [h for h in status["history"] if h.get("round") is not None and h["round"] >= saved.round]
@@ -276,6 +290,78 @@ def test_bad_requests_get_the_right_4xx_and_change_nothing(tmp_path, procs):
     k = next(iter(new))
     expected = weights[k] - 0.7 * (mean + 0.9 * mean)
     np.testing.assert_allclose(new[k], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_coordinator_never_runs_the_model_on_a_rounds_path(tmp_path, procs):
+    # eval_batches 3000: ~5 s of numpy forward passes for this model, which the coordinator once
+    # spent at start-up and in every round's close while the workers waited. The light clients
+    # evaluate nothing: the coordinator's history must show no val loss, and its closes stay fast.
+    config = run_config(rounds={"max_rounds": 3, "eval_every": 1, "eval_batches": 3000},
+                        coordinator={"min_workers": 2, "quorum_fraction": 1.0, "worker_timeout_s": 60, "heartbeat_s": 5})
+    coordinator = procs(Coordinator(tmp_path, config))
+    a, b = Client(coordinator, "a"), Client(coordinator, "b")
+    for r in range(3):
+        _, weights = a.weights()
+        update = {k: np.full_like(v, 1e-3) for k, v in weights.items()}
+        assert a.put(r, a.body(update, r)).status_code == 200
+        sent = time.monotonic()
+        assert b.put(r, b.body(update, r)).status_code == 200
+        assert a.wait(r)["closed"]
+        assert time.monotonic() - sent < 2.0, f"round {r} took {time.monotonic() - sent:.1f} s to close"
+    status = coordinator.status()
+    assert status["done"] and len(status["history"]) == 4
+    assert all("val_loss" not in h for h in status["history"]) and status["val_loss"] is None
+    val = a.http.get("/v1/val", headers=a.auth)
+    assert val.status_code == 200 and len(val.content) < 2 * status["data"]["val_tokens"] + 4096
+    # what the history gets instead: the workers' reports (here the final weights', round 3)
+    reply = a.http.post("/v1/rounds/3/eval", json={"loss": 3.5, "tokens": 1000}, headers=a.auth)
+    assert reply.status_code == 200, reply.text
+    assert coordinator.status()["history"][-1]["val_loss"] == 3.5
+    assert "coop_val_loss 3.5" in httpx.get(coordinator.url + "/metrics").text
+
+
+def test_bad_eval_reports_get_a_4xx_and_change_nothing(tmp_path, procs):
+    config = run_config(rounds={"max_rounds": 8, "eval_every": 2},
+                        coordinator={"min_workers": 2, "quorum_fraction": 1.0, "worker_timeout_s": 60, "heartbeat_s": 5})
+    coordinator = procs(Coordinator(tmp_path, config))
+    a, b = Client(coordinator, "a"), Client(coordinator, "b")
+    _, weights = a.weights()
+    update = {k: np.zeros_like(v) for k, v in weights.items()}
+    for client in (a, b):
+        assert client.put(0, client.body(update, 0)).status_code == 200
+    assert a.wait(0)["closed"]  # round 1 is open: the weights of rounds 0 and 1 exist
+    most = 4 * 8 * 32  # eval_batches x batch_size x block_size
+
+    def snapshot():
+        metrics = httpx.get(coordinator.url + "/metrics").text
+        return (coordinator.status()["history"], re.search(r"^coop_val_loss .*$", metrics, re.M).group(0))
+
+    def post(round_number, body, token=None):
+        headers = {"Authorization": f"Bearer {token or a.token}", "Content-Type": "application/json"}
+        content = body if isinstance(body, bytes) else json.dumps(body)
+        return a.http.post(f"/v1/rounds/{round_number}/eval", content=content, headers=headers)
+
+    before = snapshot()
+    assert before[1] == "coop_val_loss NaN"
+    cases = [
+        ("no worker token", post(0, {"loss": 3.0, "tokens": 100}, token="w0.wrong"), 401),
+        ("NaN", post(0, b'{"loss": NaN, "tokens": 100}'), 422),
+        ("negative", post(0, {"loss": -1.0, "tokens": 100}), 422),
+        ("huge", post(0, {"loss": 1e12, "tokens": 100}), 422),
+        ("no tokens", post(0, {"loss": 3.0}), 422),
+        ("more tokens than an evaluation has", post(0, {"loss": 3.0, "tokens": most + 1}), 422),
+        ("weights not served yet", post(4, {"loss": 3.0, "tokens": 100}), 409),
+        ("weights not evaluated in this run (eval_every 2)", post(1, {"loss": 3.0, "tokens": 100}), 422),
+        ("not JSON", post(0, b"loss=3"), 422),
+    ]
+    for what, response, expected in cases:
+        assert response.status_code == expected, f"{what}: {response.status_code} {response.text}"
+        assert response.json()["detail"], what
+        assert snapshot() == before, f"{what} changed the coordinator's state"
+    assert post(0, {"loss": 3.0, "tokens": most}).status_code == 200
+    duplicate = post(0, {"loss": 1.0, "tokens": most})
+    assert duplicate.status_code == 409 and duplicate.json()["reason"] == "duplicate"
+    assert coordinator.status()["history"][0]["val_loss"] == 3.0
 
 
 def test_sixteen_concurrent_workers_lose_no_update(tmp_path, procs):
