@@ -44,8 +44,9 @@ def test_example_config_parses_and_has_the_defaults(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text(EXAMPLE_TOML)
     config = load_run_config(path)
-    assert config.compression.codec == "int8" and config.compression.options == {"block_size": 256}
-    assert config.outer.lr == 0.7 and config.outer.momentum == 0.9
+    # the best settings of docs/results.md's sweep: K = 20, int4 (block 64), outer lr 0.5
+    assert config.compression.codec == "int4" and config.compression.options == {"block_size": 64}
+    assert config.outer.lr == 0.5 and config.outer.momentum == 0.9 and config.inner.inner_steps == 20
     assert config.inner_total_steps() == config.rounds.max_rounds * config.inner.inner_steps
     assert config.coordinator == RunConfig().coordinator and config.gossip == RunConfig().gossip
 
