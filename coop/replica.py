@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Collection
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -120,9 +121,9 @@ class Replica:
         finally:
             load_weights(self.model, local)
 
-    def run_round(self, global_weights: dict[str, np.ndarray], inner_steps: int, *,
+    def run_round(self, global_weights: dict[str, np.ndarray] | None, inner_steps: int, *,
                   merged: Collection[str] | None = None, send: Collection[str] | None = None,
-                  apply_after: int = 0) -> RoundResult:
+                  apply_after: int = 0, arrival: Future | None = None) -> RoundResult | None:
         """Take `inner_steps` (K) inner steps from the global weights, return the pseudo-gradient.
 
         Plain DiLoCo uses the defaults: load every global weight, train, send global - local.
@@ -132,13 +133,29 @@ class Replica:
         the steps taken since the update was sent are kept on top of it (one-step-delayed outer
         update), local <- global + (local - local_when_sent), as streaming DiLoCo's overlap and
         "eager updates" do. Each pseudo-gradient is taken against the global weights last loaded
-        (the anchor), so nothing is counted twice or lost; apply_after = 0 is plain DiLoCo exactly."""
+        (the anchor), so nothing is counted twice or lost; apply_after = 0 is plain DiLoCo exactly.
+
+        Over a real link the merge's arrival time is not known: `arrival` is a Future of the round's
+        start (anything with .weights, .merged, .send; None: the run ended) that the replica trains
+        on beside, from its own weights, until it is done; it then applies it the same way. Returns
+        None when the run ended while it trained."""
         start = time.perf_counter()
+        losses = []
+        if arrival is not None:  # overlap over a link: train on until the merge has arrived
+            while len(losses) < inner_steps and not arrival.done():
+                losses.append(self.train_step())
+            arrived = arrival.result()  # blocks only once the round's steps are all taken
+            if arrived is None:
+                return None
+            if arrived.reset:  # it missed a merge: the steps taken meanwhile cannot be kept
+                self.reset_anchor()
+            global_weights, merged, send = arrived.weights, arrived.merged, arrived.send
+            apply_after = len(losses)
         if not self.anchor:  # the first round (or after a reset): everything from the global weights
             merged, apply_after = None, 0
         names = list(global_weights) if merged is None else list(merged)
         apply_after = min(apply_after, inner_steps) if any(n in self.sent_at for n in names) else 0
-        losses = [self.train_step() for _ in range(apply_after)]
+        losses += [self.train_step() for _ in range(apply_after - len(losses))]
         self.apply_merge({n: global_weights[n] for n in names}, keep_progress=apply_after > 0)
         losses += [self.train_step() for _ in range(inner_steps - apply_after)]
         losses = [float(v) for v in engine.stack(losses).numpy()] if losses else []  # one sync per round

@@ -20,6 +20,7 @@ round to the next.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,6 +45,9 @@ class RoundStart:
     send: list[str] | None = None
     apply_after: int = 0  # overlap: the merge is applied this many inner steps into the round
     reset: bool = False  # the replica missed merges: start afresh from `weights` (all of them)
+    # overlap over a real link: the start is still on its way (a Future of a RoundStart, or of None
+    # when the run ended); the replica trains on beside it and applies it when it arrives
+    arrival: Future | None = None
 
 
 @dataclass
@@ -103,12 +107,21 @@ class RoundLoop:
         start = self.transport.begin()
         if start is None:
             return None
+        if start.arrival is not None:  # overlap: train on while the last round's merge comes
+            result = self.replica.run_round(None, self.inner_steps, arrival=start.arrival)
+            arrived = start.arrival.result()
+            if result is None or arrived is None:  # the run ended meanwhile: the transport says so next
+                return self.run_round()
+            return self._send(arrived, result)
         if start.inner_step is not None:
             self.replica.step = start.inner_step
         if start.reset:
             self.replica.reset_anchor()
         result = self.replica.run_round(start.weights, self.inner_steps, merged=start.merged, send=start.send,
                                         apply_after=start.apply_after)
+        return self._send(start, result)
+
+    def _send(self, start: RoundStart, result: RoundResult) -> RoundReport:
         try:
             contribution = Contribution(start.round, self.codec.encode(result.pseudo_gradient), self.codec, result)
         except ValueError as error:  # NaN/inf: the replica diverged; its update must not count

@@ -129,6 +129,9 @@ class OuterSection(Section):
     # streaming DiLoCo (coop.streaming): the model in P fragments merged in turn; a round is
     # inner.steps / P inner steps and sends one fragment, each fragment is merged every inner.steps
     fragments: int = Field(1, ge=1)
+    # overlap (HTTP): a worker starts the next round's inner steps once its update is accepted and
+    # applies the merge when it arrives, keeping the steps taken meanwhile (one-step-delayed update)
+    overlap: bool = False
 
     @model_validator(mode="after")
     def _nesterov_needs_momentum(self) -> OuterSection:

@@ -23,7 +23,7 @@ from coop import __version__
 from coop.cli import run_command
 from coop.coordinator.worker import WorkerOptions, run_worker
 from coop.gossip import peer
-from coop.gossip.options import add_link_options
+from coop.gossip.options import add_link_options, link_from_args
 
 
 def add_shared_options(parser: argparse.ArgumentParser) -> None:
@@ -102,6 +102,7 @@ def _sigterm_as_interrupt(signum, frame):  # docker stop / kubectl delete: leave
 def join_command(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.token = args.token or os.environ.get("COOP_TOKEN")
+    link_from_args(args)  # a bad --limit-rate / --latency exits 2 here, before any connection
     if args.device.startswith("cuda"):
         if not engine.cuda.is_available():
             print(f"coop-worker: --device {args.device} but CUDA is not available: "
@@ -116,7 +117,7 @@ def join_command(args) -> int:
         return int(peer.join(args.url, args) or 0)
     options = WorkerOptions(url=args.url, token=args.token, name=args.name, device=args.device,
                             cache_dir=_cache_dir(args), max_rounds=args.max_rounds, retry_for_s=args.retry_for,
-                            timeout_s=args.timeout, quiet=args.quiet)
+                            timeout_s=args.timeout, quiet=args.quiet, link=link_from_args(args))
     return run_worker(options)
 
 

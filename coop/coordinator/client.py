@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from ..progress import format_duration
+from ..throttle import Link
 
 log = logging.getLogger("coop.worker")
 
@@ -28,11 +29,13 @@ class CoordinatorClient:
 
     RETRY_STATUS = {429, 502, 503, 504}  # 429/503 with Retry-After: joins rate-limited, run full
 
-    def __init__(self, url: str, retry_for_s: float, timeout_s: float):
+    def __init__(self, url: str, retry_for_s: float, timeout_s: float, link: Link | None = None):
         self.url = url.rstrip("/")
         self.retry_for_s = retry_for_s
         timeout = httpx.Timeout(timeout_s, connect=10.0)
-        self.http = httpx.Client(base_url=self.url, timeout=timeout, follow_redirects=True)
+        # link: --limit-rate / --latency, this worker's transfers paced as over that link (coop.throttle)
+        self.http = httpx.Client(base_url=self.url, timeout=timeout, follow_redirects=True,
+                                 transport=link.transport() if link else None)
         self.token: str | None = None
         self.bytes_up = 0
         self.bytes_down = 0

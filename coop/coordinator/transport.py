@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,22 +57,36 @@ class ValCheck:
 
 class HttpTransport:
     def __init__(self, client: CoordinatorClient, shapes: dict[str, tuple[int, ...]], say: Callable[[str], None],
-                 parts: list[list[str]] | None = None, val: ValCheck | None = None):
+                 parts: list[list[str]] | None = None, val: ValCheck | None = None, overlap: bool = False):
         self.client, self.shapes, self.say = client, shapes, say
         self.parts = parts or [list(shapes)]
         self.val = val
+        # overlap ([outer] overlap): once an update is accepted the next round's inner steps start at
+        # once; the wait for the round's close and the download run here, in the background
+        self.overlap = overlap
+        self.pending: Future | None = None  # of the next RoundStart (None: the run ended)
+        self.background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coop-overlap") if overlap else None
         self.weights: dict[str, np.ndarray] | None = None
         self.weights_round: int | None = None
         self.accepted_round: int | None = None  # the last round whose update the coordinator took
 
     # -- begin -------------------------------------------------------------------------------------
     def begin(self) -> RoundStart | None:
-        """The open round and its weights; None when the run is done."""
+        """The open round and its weights; None when the run is done. With overlap, right after an
+        accepted update: a start still on its way (`arrival`), for the replica to train beside."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            return RoundStart(-1, None, arrival=pending)
+        return self.start_now()
+
+    def start_now(self, evaluate: bool = True) -> RoundStart | None:
+        """Download the open round's weights and check it is open; None when the run is done (after
+        the final weights' val loss, when `evaluate`: from the training thread only, it runs the model)."""
         while True:
             round_number = self.fetch_weights()
             info = self.client.request("POST", "/v1/heartbeat", json={}).json()
             if info["done"]:
-                if info["round"] == round_number:  # the final weights: the history wants their loss too
+                if info["round"] == round_number and evaluate:  # the final weights: the history wants their loss
                     self.report_val(round_number)
                 self.say(f"the run is done at round {info['round']}")
                 return None
@@ -113,6 +128,9 @@ class HttpTransport:
         if outcome == "accepted":
             self.accepted_round = round_index
             self.report_val(round_index)  # while the others finish the round
+            if self.overlap:  # the next round trains while this one closes and its merge comes down
+                self.pending = self.background.submit(self._next_start, round_index, body)
+                return Delivery("accepted", len(body))
             end = self.wait_round_end(round_index, body)
             if end["done"]:  # the worker stops here: the final weights' val loss first
                 self.report_final()
@@ -120,6 +138,12 @@ class HttpTransport:
         if outcome == "aggregating":
             self.wait_round_end(round_index, None)
         return Delivery(outcome, len(body), outcome == "done")
+
+    def _next_start(self, round_index: int, body: bytes) -> RoundStart | None:
+        """In the background: wait for round r to close, then the next round's start."""
+        if self.wait_round_end(round_index, body)["done"]:
+            return None  # the training thread's next begin() evaluates the final weights and ends
+        return self.start_now(evaluate=False)
 
     def pack(self, contribution: Contribution) -> bytes:
         result = contribution.result

@@ -36,6 +36,7 @@ from ..progress import Progress, format_duration
 from ..replica import InnerConfig, Replica
 from ..round import RoundLoop, RoundReport
 from ..streaming import fragments
+from ..throttle import Link
 from ..wire import WireError, unpack
 from .client import CoordinatorClient, Heartbeat, NeedsRejoin, WorkerError
 from .transport import HttpTransport, ValCheck
@@ -54,6 +55,7 @@ class WorkerOptions:
     retry_for_s: float = 900.0  # give up when the coordinator is unreachable for this long
     timeout_s: float = 600.0  # for one transfer
     quiet: bool = False
+    link: Link | None = None  # --limit-rate / --latency: the transfers paced as over such a link
 
 
 # What a name from the network may hold before it becomes part of a file name: no separator, no
@@ -85,7 +87,7 @@ class Worker:
     def __init__(self, options: WorkerOptions, out=sys.stderr):
         self.options = options
         self.out = out
-        self.client = CoordinatorClient(options.url, options.retry_for_s, options.timeout_s)
+        self.client = CoordinatorClient(options.url, options.retry_for_s, options.timeout_s, options.link)
         self.replica: Replica | None = None
         self.loop: RoundLoop | None = None
         self.run_info: dict[str, Any] = {}
@@ -127,7 +129,8 @@ class Worker:
             parts = fragments(shapes, int(info.get("fragments", 1)))  # streaming DiLoCo: a fragment a round
             self.val_check = ValCheck(every, int(info["max_rounds"]), self.evaluate_global)
             self.loop = RoundLoop(self.replica, codec,
-                                  HttpTransport(self.client, shapes, self.say, parts, self.val_check),
+                                  HttpTransport(self.client, shapes, self.say, parts, self.val_check,
+                                                overlap=bool(info.get("overlap", False))),
                                   int(info["inner_steps"]) // len(parts))
             n_params = sum(p.numel() for p in self.replica.model.parameters())
             self.say(f"joined {self.client.url} as {info['worker_id']} at round {info['round']}: GPT "

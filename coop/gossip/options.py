@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from coop.throttle import Link, LinkLimits
 
@@ -40,7 +41,8 @@ def link_from_args(args) -> Link | None:
     try:
         limits = LinkLimits.parse(getattr(args, "limit_rate", None), getattr(args, "latency", None))
     except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     return None if limits is None else Link(limits)
 
 

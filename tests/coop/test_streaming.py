@@ -201,3 +201,39 @@ def test_gossip_topology_streams_fragments_too(setup):
     assert run.records[-1]["bytes_sent"] == plain.records[-1]["bytes_sent"]
     assert math.isfinite(run.records[-1]["val_loss"])
     assert any(not np.array_equal(run.weights[n], plain.weights[n]) for n in plain.weights)
+
+
+class ArrivesAfter:
+    """A Future-like start that is done after `polls` calls of done(): the merge of a real link."""
+
+    def __init__(self, start, polls: int):
+        self.start, self.polls = start, polls
+
+    def done(self) -> bool:
+        self.polls -= 1
+        return self.polls < 0
+
+    def result(self):
+        return self.start
+
+
+def test_a_merge_arriving_mid_round_keeps_the_steps_taken_meanwhile(setup):
+    # one replica with plain averaging over a link: the merge is what it sent; arriving 3 steps
+    # into the next round it must change nothing, so two rounds = 2K steps of training alone
+    from coop.round import RoundStart
+    cfg, k = setup.cfg, 4
+    inner = sim.inner_config(cfg, cfg.batch_size, 100)
+    replica = sim.new_replica(setup, setup.train, inner, 11)
+    alone = sim.new_replica(setup, setup.train, inner, 11)
+    first = replica.run_round(setup.initial, k)
+    merged = {n: setup.initial[n] - first.pseudo_gradient[n] for n in setup.initial}  # = what it sent
+    second = replica.run_round(None, k, arrival=ArrivesAfter(RoundStart(1, merged), polls=3))
+    for _ in range(2 * k):
+        alone.train_step()
+    expected, got = alone.weights(), replica.weights()
+    for n in expected:
+        np.testing.assert_allclose(got[n], expected[n], atol=2e-5, err_msg=n)
+        # and the second pseudo-gradient is this round's k steps, the 3 before the merge included
+        np.testing.assert_allclose(second.pseudo_gradient[n], merged[n] - got[n], atol=1e-6, err_msg=n)
+    assert len(second.losses) == k
+    assert replica.run_round(None, k, arrival=ArrivesAfter(None, polls=1)) is None  # the run ended meanwhile

@@ -89,6 +89,28 @@ def test_two_workers_train_and_the_global_loss_falls(tmp_path, procs):
     assert 'coop_eval_reports_total{result="accepted"} 18.0' in metrics  # 9 weights x 2 workers
 
 
+@pytest.mark.parametrize("fragments", [1, 2])
+def test_overlapping_workers_train_while_the_round_closes_and_lose_nothing(tmp_path, procs, fragments):
+    # [outer] overlap: each worker starts the next round as soon as its update is accepted and
+    # applies the merge when it comes down; every round still has both updates, the loss falls
+    config = run_config(model={"n_layer": 2}, inner={"steps": 4}, outer={"overlap": True, "fragments": fragments},
+                        rounds={"max_rounds": 8}, coordinator={"min_workers": 2})
+    coordinator = procs(Coordinator(tmp_path, config))
+    # worker1 on an emulated link (coop.throttle): 20 Mbit/s each way, 5 ms latency
+    workers = [procs(Worker(tmp_path, coordinator, "worker0")),
+               procs(Worker(tmp_path, coordinator, "worker1", "--limit-rate", "20Mbit", "--latency", "5ms"))]
+    status = coordinator.wait_status(lambda s: s["done"] and all(len(h.get("val_reports", {})) == 2
+                                                                 for h in s["history"]),
+                                     90, "8 rounds and both workers' val loss of every weights", [w.log for w in workers])
+    assert closed_rounds(status) == list(range(8))
+    assert all(h["contributors"] == 2 for h in status["history"] if h.get("round") is not None)
+    losses = val_losses(status)
+    assert len(losses) == 9 and losses[-1] < losses[0] - 0.3, losses
+    for worker in workers:
+        assert worker.wait(30) == 0, worker.output()
+        assert "done: 8 rounds contributed (0 refused as stale)" in worker.output()
+
+
 def test_streaming_workers_merge_a_fragment_a_round_and_the_loss_falls(tmp_path, procs):
     config = run_config(model={"n_layer": 2}, inner={"steps": 4}, outer={"fragments": 2, "decay": True},
                         rounds={"max_rounds": 8}, coordinator={"min_workers": 2})
