@@ -56,7 +56,7 @@ batch_size = {batch}
 warmup_steps = 10
 [outer]
 fragments = {args.fragments}
-overlap = {"true" if args.overlap else "false"}
+overlap_steps = {args.overlap_steps}
 [compression]
 codec = "{args.codec}"
 [rounds]
@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--fragments", type=int, default=1)
     ap.add_argument("--codec", default="int8")
-    ap.add_argument("--overlap", action="store_true", help="[outer] overlap: train on while the round closes")
+    ap.add_argument("--overlap-steps", type=int, default=0,
+                    help="[outer] overlap_steps: train on (up to this many steps) while the round closes")
     ap.add_argument("--eval-every", type=int, default=1)
     ap.add_argument("--eval-batches", type=int, default=20)
     ap.add_argument("--data", help="a text file (default: the stdlib corpus, --default-chars characters)")
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="coop-service-") as tmp:
         result = run_service(args, model, batch, Path(tmp))
     line = {"bench": "service", "model": args.model, "device": args.device, "workers": args.workers,
-            "inner_steps": args.inner_steps, "fragments": args.fragments, "overlap": args.overlap, "codec": args.codec,
+            "inner_steps": args.inner_steps, "fragments": args.fragments, "overlap_steps": args.overlap_steps, "codec": args.codec,
             "eval_every": args.eval_every, **result}
     if alone:
         line["alone_tokens_per_s"] = round(alone, 1)

@@ -137,12 +137,14 @@ class Replica:
 
         Over a real link the merge's arrival time is not known: `arrival` is a Future of the round's
         start (anything with .weights, .merged, .send; None: the run ended) that the replica trains
-        on beside, from its own weights, until it is done; it then applies it the same way. Returns
-        None when the run ended while it trained."""
+        on beside, from its own weights, until it is done or `apply_after` steps are taken (then it
+        waits: the delay stays bounded); it then applies it the same way. Returns None when the
+        run ended while it trained."""
         start = time.perf_counter()
         losses = []
         if arrival is not None:  # overlap over a link: train on until the merge has arrived
-            while len(losses) < inner_steps and not arrival.done():
+            ahead = min(inner_steps, apply_after or inner_steps)  # then wait for it
+            while len(losses) < ahead and not arrival.done():
                 losses.append(self.train_step())
             arrived = arrival.result()  # blocks only once the round's steps are all taken
             if arrived is None:

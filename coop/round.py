@@ -43,7 +43,8 @@ class RoundStart:
     # and the fragment this round's merge takes (None: the whole model)
     merged: list[str] | None = None
     send: list[str] | None = None
-    apply_after: int = 0  # overlap: the merge is applied this many inner steps into the round
+    apply_after: int = 0  # overlap: the merge is applied this many inner steps into the round (with
+    # `arrival`: at most this many, earlier if it arrives earlier)
     reset: bool = False  # the replica missed merges: start afresh from `weights` (all of them)
     # overlap over a real link: the start is still on its way (a Future of a RoundStart, or of None
     # when the run ended); the replica trains on beside it and applies it when it arrives
@@ -108,7 +109,8 @@ class RoundLoop:
         if start is None:
             return None
         if start.arrival is not None:  # overlap: train on while the last round's merge comes
-            result = self.replica.run_round(None, self.inner_steps, arrival=start.arrival)
+            result = self.replica.run_round(None, self.inner_steps, arrival=start.arrival,
+                                            apply_after=start.apply_after or self.inner_steps)
             arrived = start.arrival.result()
             if result is None or arrived is None:  # the run ended meanwhile: the transport says so next
                 return self.run_round()

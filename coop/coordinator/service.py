@@ -239,7 +239,7 @@ class Coordinator:
             "max_rounds": c.rounds.max_rounds,
             "inner_steps": c.inner.inner_steps,
             "fragments": c.outer.fragments,
-            "overlap": c.outer.overlap,
+            "overlap_steps": c.outer.overlap_steps,
             "inner": asdict(c.inner_config()),
             "model": asdict(self.model_config),
             "compression": c.compression.model_dump(),

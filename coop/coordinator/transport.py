@@ -57,15 +57,17 @@ class ValCheck:
 
 class HttpTransport:
     def __init__(self, client: CoordinatorClient, shapes: dict[str, tuple[int, ...]], say: Callable[[str], None],
-                 parts: list[list[str]] | None = None, val: ValCheck | None = None, overlap: bool = False):
+                 parts: list[list[str]] | None = None, val: ValCheck | None = None, overlap_steps: int = 0):
         self.client, self.shapes, self.say = client, shapes, say
         self.parts = parts or [list(shapes)]
         self.val = val
-        # overlap ([outer] overlap): once an update is accepted the next round's inner steps start at
-        # once; the wait for the round's close and the download run here, in the background
-        self.overlap = overlap
+        # overlap ([outer] overlap_steps): once an update is accepted the next round's inner steps
+        # start at once (up to overlap_steps of them); the wait for the round's close and the
+        # download run here, in the background
+        self.overlap_steps = overlap_steps
         self.pending: Future | None = None  # of the next RoundStart (None: the run ended)
-        self.background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coop-overlap") if overlap else None
+        self.background = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="coop-overlap")
+                           if overlap_steps else None)
         self.weights: dict[str, np.ndarray] | None = None
         self.weights_round: int | None = None
         self.accepted_round: int | None = None  # the last round whose update the coordinator took
@@ -76,7 +78,7 @@ class HttpTransport:
         accepted update: a start still on its way (`arrival`), for the replica to train beside."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            return RoundStart(-1, None, arrival=pending)
+            return RoundStart(-1, None, arrival=pending, apply_after=self.overlap_steps)
         return self.start_now()
 
     def start_now(self, evaluate: bool = True) -> RoundStart | None:
@@ -128,7 +130,7 @@ class HttpTransport:
         if outcome == "accepted":
             self.accepted_round = round_index
             self.report_val(round_index)  # while the others finish the round
-            if self.overlap:  # the next round trains while this one closes and its merge comes down
+            if self.overlap_steps:  # the next round trains while this one closes and its merge comes down
                 self.pending = self.background.submit(self._next_start, round_index, body)
                 return Delivery("accepted", len(body))
             end = self.wait_round_end(round_index, body)

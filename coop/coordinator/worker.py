@@ -130,7 +130,7 @@ class Worker:
             self.val_check = ValCheck(every, int(info["max_rounds"]), self.evaluate_global)
             self.loop = RoundLoop(self.replica, codec,
                                   HttpTransport(self.client, shapes, self.say, parts, self.val_check,
-                                                overlap=bool(info.get("overlap", False))),
+                                                overlap_steps=int(info.get("overlap_steps", 0))),
                                   int(info["inner_steps"]) // len(parts))
             n_params = sum(p.numel() for p in self.replica.model.parameters())
             self.say(f"joined {self.client.url} as {info['worker_id']} at round {info['round']}: GPT "

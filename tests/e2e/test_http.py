@@ -91,9 +91,9 @@ def test_two_workers_train_and_the_global_loss_falls(tmp_path, procs):
 
 @pytest.mark.parametrize("fragments", [1, 2])
 def test_overlapping_workers_train_while_the_round_closes_and_lose_nothing(tmp_path, procs, fragments):
-    # [outer] overlap: each worker starts the next round as soon as its update is accepted and
+    # [outer] overlap_steps: each worker starts the next round as soon as its update is accepted and
     # applies the merge when it comes down; every round still has both updates, the loss falls
-    config = run_config(model={"n_layer": 2}, inner={"steps": 4}, outer={"overlap": True, "fragments": fragments},
+    config = run_config(model={"n_layer": 2}, inner={"steps": 4}, outer={"overlap_steps": 1, "fragments": fragments},
                         rounds={"max_rounds": 8}, coordinator={"min_workers": 2})
     coordinator = procs(Coordinator(tmp_path, config))
     # worker1 on an emulated link (coop.throttle): 20 Mbit/s each way, 5 ms latency
