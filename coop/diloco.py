@@ -391,6 +391,12 @@ class NesterovSGD:
             weight -= lr * direction
         self.step_count += 1
 
+    def take_hyperparameters(self, other: NesterovSGD) -> None:
+        """Use `other`'s lr, momentum and schedule, keeping this one's momentum buffers and step count
+        (a resumed run whose config changed them)."""
+        self.lr, self.momentum, self.nesterov = other.lr, other.momentum, other.nesterov
+        self.warmup_steps, self.decay_steps, self.min_lr_factor = other.warmup_steps, other.decay_steps, other.min_lr_factor
+
     def state_dict(self) -> dict[str, Any]:
         """Scalars (JSON-able) plus "momentum_buffer": name -> float32 array (copies).
         Persist with e.g. `coop.wire.pack(state.pop("momentum_buffer"), state)`; no pickle."""

@@ -145,6 +145,10 @@ class OuterSection(Section):
 class CompressionSection(Section):
     codec: Literal["fp32", "fp16", "bf16", "int8", "int4", "topk", "topk8"] = "fp32"
     options: dict[str, Any] = Field(default_factory=dict)  # e.g. {block_size = 256} or {ratio = 0.01}
+    # HTTP: "codec" sends workers the change of the weights in this codec (coop.coordinator.downlink)
+    # instead of the fp32 weights every round, with a full snapshot every `snapshot_every` rounds
+    downlink: Literal["fp32", "codec"] = "fp32"
+    snapshot_every: int = Field(50, ge=0)  # 0: only on join
 
     @model_validator(mode="after")
     def _codec_accepts_options(self) -> CompressionSection:
@@ -430,6 +434,8 @@ momentum = 0.9
 [compression]
 codec = "int4"     # fp32, fp16, bf16, int8, int4, topk, topk8 (int4 and the top-k codecs: error feedback)
 options = { block_size = 64 }
+# downlink = "codec"   # HTTP: send workers each round's change in this codec, not the fp32 weights
+# snapshot_every = 50  # (then the exact weights every 50 rounds)
 
 [rounds]
 max_rounds = 100

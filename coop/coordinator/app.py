@@ -3,7 +3,8 @@
 
     GET  /v1/info                   who is serving: {"kind": "coordinator", "version", ...} (no auth)
     POST /v1/join                   run token -> worker id, worker token, run config, shard
-    GET  /v1/weights                global weights (binary), ETag "r<round>", 304 on If-None-Match
+    GET  /v1/weights                global weights (binary), ETag "r<round>", 304 on If-None-Match;
+                                    ?since=R: only the change from round R (compressed downlink)
     GET  /v1/shard                  this worker's data shard (binary)
     GET  /v1/val                    the val slice workers evaluate the global weights on (binary)
     PUT  /v1/rounds/{r}/update      an encoded pseudo-gradient for round r (binary); 409 if r is not open
@@ -268,7 +269,9 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     @app.get("/v1/weights", response_class=Response,
              responses={**responses(304, 401), 200: binary("the global weights (safetensors)")})
     async def weights(request: Request) -> Response:
-        """The global weights (safetensors; metadata: round, model). ETag is the round."""
+        """The global weights (safetensors; metadata: round, model). ETag is the round. With
+        `?since=R` and the compressed downlink on: the change from round R's weights, in the run's
+        codec (header X-Coop-Since: R), when R is the last round; else the full weights."""
         token = _bearer(request)
         record = c.members.authenticate(token) if token else None
         if record is None:
@@ -280,6 +283,11 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         headers = {"ETag": etag, "X-Coop-Round": str(round_number), "Cache-Control": "no-cache"}
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers=headers)
+        since = request.query_params.get("since", "")
+        delta = c.downlink.delta_for(int(since), round_number) if c.downlink and since.isdigit() else None
+        if delta is not None:  # the worker holds the last round's view: just what changed (downlink.py)
+            c.count_download(record, len(delta.body), "delta")
+            return Response(delta.body, media_type=OCTET, headers={**headers, "X-Coop-Since": str(delta.since)})
         c.count_download(record, len(body), "weights")
         return Response(body, media_type=OCTET, headers=headers)
 

@@ -1,5 +1,5 @@
-"""The coordinator: global weights, outer optimizer, streaming aggregation, membership and
-persistence around the round state machine. The FastAPI app (app.py) is a thin layer over this.
+"""The coordinator: global weights, outer optimizer, aggregation, membership and persistence
+around the round state machine (app.py, the FastAPI app, is a thin layer over this).
 
 Concurrency: one asyncio event loop. Decoding an update (CPU-bound) runs in a thread without the
 lock; everything that changes state (aggregating an update, closing a round, recording a val loss)
@@ -28,6 +28,7 @@ from coop.wire import pack, spec_of
 from engine.nn import GPT
 
 from .data import RunData, prepare_data
+from .downlink import Downlink
 from .evaluation import EvalReport, ValLosses, latest_val
 from .members import JoinRateLimiter, Members, WorkerRecord, retry_after_header, tokens_equal
 from .metrics import CoordinatorMetrics
@@ -68,10 +69,7 @@ class Coordinator:
             self.weights = saved.weights
             self.outer.load_state_dict(saved.outer_state)
             # hyper-parameters come from the (possibly edited) config; the momentum and step count from the state
-            fresh = config.outer_optimizer()
-            self.outer.lr, self.outer.momentum, self.outer.nesterov = fresh.lr, fresh.momentum, fresh.nesterov
-            self.outer.warmup_steps, self.outer.decay_steps = fresh.warmup_steps, fresh.decay_steps
-            self.outer.min_lr_factor = fresh.min_lr_factor
+            self.outer.take_hyperparameters(config.outer_optimizer())
             self.history = saved.history
             self.members = Members.from_json(saved.members, now) if saved.members else Members(config.data.shards)
             first_round = saved.round
@@ -85,6 +83,8 @@ class Coordinator:
         self.part_shapes = [{n: self.shapes[n] for n in part} for part in self.parts]
         self.part_specs = [spec_of({n: self.weights[n] for n in part}) for part in self.parts]
         self.aggregators = [Aggregator(shapes, **c.aggregator_options()) for shapes in self.part_shapes]
+        k = config.compression  # the compressed downlink keeps the workers' view (V = G on a restart)
+        self.downlink = Downlink(k.codec, k.options, self.weights, k.snapshot_every) if k.downlink == "codec" else None
         self.machine = RoundMachine(first_round, config.rounds.max_rounds, c.min_workers, c.quorum_fraction,
                                     DeadlinePolicy(c.deadline_factor, c.min_deadline_s, c.max_deadline_s), now)
         self.metrics = CoordinatorMetrics()
@@ -116,13 +116,11 @@ class Coordinator:
         self._wake: asyncio.Event | None = None
 
     @property
-    def fragment(self) -> int:
-        """The fragment the open round merges (0 without streaming)."""
+    def fragment(self) -> int:  # the fragment the open round merges (0 without streaming)
         return fragment_of_round(self.machine.number, len(self.parts))
 
     @property
-    def aggregator(self) -> Aggregator:
-        """The open round's aggregator (one per fragment, kept for the run)."""
+    def aggregator(self) -> Aggregator:  # the open round's (one per fragment, kept for the run)
         return self.aggregators[self.fragment]
 
     # -- set-up -----------------------------------------------------------------------------------
@@ -272,7 +270,8 @@ class Coordinator:
     # -- downloads ---------------------------------------------------------------------------------
     def _pack_weights(self, round_number: int | None = None) -> bytes:
         number = self.machine.number if round_number is None else round_number
-        return pack(self.weights, {"round": number, "model": asdict(self.model_config)})
+        weights = self.weights if self.downlink is None else self.downlink.view  # what the workers hold
+        return pack(weights, {"round": number, "model": asdict(self.model_config)})
 
     def count_download(self, record: WorkerRecord | None, nbytes: int, what: str) -> None:
         if record is not None:
@@ -410,6 +409,8 @@ class Coordinator:
         pseudo_grad = self.aggregator.result()
         lr = self.outer.current_lr()
         self.outer.step({n: self.weights[n] for n in self.parts[self.fragment]}, pseudo_grad)  # in place
+        if self.downlink is not None:
+            self.downlink.after_step(self.weights, self.parts[self.fragment], current.number + 1)
         reports = list(current.reports.values())
         losses = [(r.loss, r.tokens) for r in reports if r.loss is not None]
         record: dict[str, Any] = {

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from ..codec import decode
 from ..round import Contribution, RoundStart
 from ..wire import WireError, pack, unpack, upload_chunks
 from .client import CoordinatorClient, WorkerError
@@ -105,8 +106,10 @@ class HttpTransport:
 
     def fetch_weights(self) -> int:
         """Download the global weights (unless ours are already the open round's). Returns the round."""
-        headers = {"If-None-Match": f'"r{self.weights_round}"'} if self.weights is not None else {}
-        response = self.client.request("GET", "/v1/weights", headers=headers, ok=(200, 304))
+        held = self.weights is not None
+        headers = {"If-None-Match": f'"r{self.weights_round}"'} if held else {}
+        params = {"since": self.weights_round} if held else None  # a compressed downlink sends the change
+        response = self.client.request("GET", "/v1/weights", headers=headers, params=params, ok=(200, 304))
         round_number = int(response.headers["X-Coop-Round"])
         if response.status_code == 304:
             return round_number
@@ -114,12 +117,23 @@ class HttpTransport:
         self.client.bytes_down += len(body)
         try:
             tensors, meta = unpack(body)
+            if "X-Coop-Since" in response.headers:  # the change from the round we hold: apply it
+                tensors = self.apply_delta(tensors, meta, int(response.headers["X-Coop-Since"]))
         except WireError as error:
             raise WorkerError(f"the coordinator sent malformed weights: {error}") from None
         if {n: tuple(a.shape) for n, a in tensors.items()} != self.shapes or meta.get("round") != round_number:
             raise WorkerError("the coordinator's weights do not match the model it described at join")
         self.weights, self.weights_round = tensors, round_number
         return round_number
+
+    def apply_delta(self, tensors: dict[str, np.ndarray], meta: dict, since: int) -> dict[str, np.ndarray]:
+        """Our weights plus the coordinator's encoded change since round `since` (coop.coordinator.downlink):
+        the same float32 additions the coordinator made to its view, so both hold the same numbers."""
+        if since != self.weights_round or meta.get("since") != since:
+            raise WireError(f"a change since round {since} for weights of round {self.weights_round}")
+        part = self.parts[since % len(self.parts)]  # what round `since`'s merge changed (all without streaming)
+        change = decode(tensors, meta, {n: self.shapes[n] for n in part})
+        return {n: w + change[n] if n in change else w for n, w in self.weights.items()}
 
     # -- exchange ----------------------------------------------------------------------------------
     def exchange(self, round_index: int, contribution: Contribution | None) -> Delivery:

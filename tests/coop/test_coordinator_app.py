@@ -363,3 +363,39 @@ def test_bad_eval_reports_are_refused_with_a_4xx_and_change_nothing(make):
     never, client2 = make(tiny(rounds={"eval_every": 0}), state_dir=coordinator.state_dir.parent / "other")
     _, auth2 = join(client2)
     assert report(client2, auth2, 0, 3.0, 64).status_code == 422  # this run does not evaluate
+
+
+def test_the_compressed_downlink_sends_the_change_and_keeps_workers_on_the_coordinators_view(make):
+    from coop.codec import decode
+    config = tiny(compression={"codec": "int8", "downlink": "codec", "snapshot_every": 4}, rounds={"max_rounds": 6})
+    coordinator, client = make(config)
+    (_, a), (_, b) = join(client), join(client)
+    held, _ = unpack(client.get("/v1/weights", headers=a).content)  # the join's full download
+    rng = np.random.default_rng(0)
+    for r in range(5):
+        for headers in (a, b):  # a different update each, so the outer step is not a constant
+            update = {k: rng.normal(0, 0.01, v.shape).astype(np.float32) for k, v in coordinator.weights.items()}
+            encoded = get_codec("int8").encode(update)
+            body = pack(encoded.tensors, {**encoded.metadata, "round": r, "tokens": 32, "loss": 2.5})
+            assert client.put(f"/v1/rounds/{r}/update", content=body, headers=headers).status_code == 200
+        assert client.get(f"/v1/rounds/{r}/wait", params={"timeout_s": 5}, headers=a).json()["closed"]
+        full = client.get("/v1/weights", headers=a)
+        change = client.get("/v1/weights", params={"since": r}, headers=a)
+        view, _ = unpack(full.content)
+        if (r + 1) % 4 == 0:  # a snapshot round: the exact weights, for everyone
+            assert "X-Coop-Since" not in change.headers
+            for k in view:
+                np.testing.assert_array_equal(view[k], coordinator.weights[k])
+        else:
+            # int8 is ~3.9x smaller than fp32; in this tiny model the header (~3.5 kB of metadata) weighs too
+            assert change.headers["X-Coop-Since"] == str(r) and len(change.content) * 2 < len(full.content)
+            tensors, meta = unpack(change.content)
+            decoded = decode(tensors, meta, {k: v.shape for k, v in held.items()})
+            for k in view:  # the worker's sum is the coordinator's view, bit for bit
+                np.testing.assert_array_equal(held[k] + decoded[k], view[k], err_msg=k)
+                step = np.abs(coordinator.weights[k] - held[k]).max()
+                assert np.abs(view[k] - coordinator.weights[k]).max() <= step / 100 + 1e-7, k  # int8's bound
+        held = view
+        # an old or unknown `since` gets the full weights
+        assert "X-Coop-Since" not in client.get("/v1/weights", params={"since": max(r - 1, 0) - 5},
+                                                headers=a).headers

@@ -111,6 +111,27 @@ def test_overlapping_workers_train_while_the_round_closes_and_lose_nothing(tmp_p
         assert "done: 8 rounds contributed (0 refused as stale)" in worker.output()
 
 
+def test_workers_on_the_compressed_downlink_follow_the_coordinators_view(tmp_path, procs):
+    config = run_config(compression={"codec": "int8", "downlink": "codec", "snapshot_every": 3},
+                        rounds={"max_rounds": 8}, coordinator={"min_workers": 2})
+    coordinator = procs(Coordinator(tmp_path, config))
+    workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2)]
+    status = coordinator.wait_status(lambda s: s["done"] and all(len(h.get("val_reports", {})) == 2
+                                                                 for h in s["history"]),
+                                     90, "8 rounds and both workers' val loss of every weights", [w.log for w in workers])
+    assert all(h["contributors"] == 2 for h in status["history"] if h.get("round") is not None)
+    losses = val_losses(status)
+    assert len(losses) == 9 and losses[-1] < losses[0] - 0.5, losses
+    for worker in workers:
+        assert worker.wait(30) == 0, worker.output()
+        assert "done: 8 rounds contributed (0 refused as stale)" in worker.output()
+    metrics = httpx.get(coordinator.url + "/metrics").text
+    sent = {m.group(1): float(m.group(2)) for m in re.finditer(r'^coop_bytes_sent_total{what="(\w+)"} (\S+)$', metrics, re.M)}
+    assert sent.get("delta", 0) > 0, metrics  # rounds 1, 2, 4, 5, 7 went down as int8 changes
+    per_delta, per_weights = sent["delta"] / 10, sent["weights"] / 8  # 2 workers: 5 changes, 4 full (join + 3, 6, 8)
+    assert per_delta * 2 < per_weights, (per_delta, per_weights)
+
+
 def test_streaming_workers_merge_a_fragment_a_round_and_the_loss_falls(tmp_path, procs):
     config = run_config(model={"n_layer": 2}, inner={"steps": 4}, outer={"fragments": 2, "decay": True},
                         rounds={"max_rounds": 8}, coordinator={"min_workers": 2})

@@ -1,0 +1,63 @@
+"""The compressed downlink ([compression] downlink = "codec"): what changed, in the run's codec.
+
+The coordinator keeps the exact global weights G (the outer steps') and the view V that every
+worker holds (what the downloads gave them). After each round's outer step it encodes G - V for
+the tensors the round changed and adds the decoded result to V; a worker holding the previous
+round's view downloads just that (`GET /v1/weights?since=r`), anyone else the full view. Encoding
+G - V rather than the step is the error feedback: what one round's quantisation lost is part of
+the next round's difference, so V never drifts from G by more than one round's quantisation
+error. Every `snapshot_every` rounds V becomes G exactly (a full download for everyone), and a
+restarted coordinator starts from V = G.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..codec import Codec, get_codec
+from ..wire import pack
+
+
+@dataclass
+class Delta:
+    since: int  # the round whose view it applies to
+    round: int  # the round whose view it makes
+    body: bytes  # the encoded difference (safetensors; metadata: the codec's, round, since)
+
+
+def downlink_codec(name: str, options: dict) -> Codec:
+    """The run's codec without its own error feedback: G - V carries it already."""
+    try:
+        return get_codec(name, **options, error_feedback=False)
+    except ValueError:  # a codec without error feedback (fp32, fp16, bf16, int8)
+        return get_codec(name, **options)
+
+
+class Downlink:
+    def __init__(self, codec_name: str, options: dict, weights: dict[str, np.ndarray], snapshot_every: int):
+        self.codec = downlink_codec(codec_name, options)
+        self.snapshot_every = snapshot_every
+        self.view = {n: np.array(w, dtype=np.float32) for n, w in weights.items()}
+        self.delta: Delta | None = None
+
+    def after_step(self, weights: dict[str, np.ndarray], names: list[str], next_round: int) -> None:
+        """After the outer step that makes round `next_round`'s weights (in a thread, before the
+        new round opens): move the view, and keep the difference for workers of the last round."""
+        if self.snapshot_every and next_round % self.snapshot_every == 0:
+            self.view = {n: np.array(w, dtype=np.float32) for n, w in weights.items()}
+            self.delta = None
+            return
+        encoded = self.codec.encode({n: weights[n] - self.view[n] for n in names})
+        decoded = self.codec.decode(encoded.tensors, encoded.metadata)
+        for n in names:
+            self.view[n] = self.view[n] + decoded[n]  # new arrays: a packed body may still hold the old
+        meta = {**encoded.metadata, "round": next_round, "since": next_round - 1}
+        self.delta = Delta(next_round - 1, next_round, pack(encoded.tensors, meta))
+
+    def delta_for(self, since: int, current_round: int) -> Delta | None:
+        """The difference from round `since`'s view to the current one, if that is what we have."""
+        delta = self.delta
+        if delta is not None and delta.since == since and delta.round == current_round:
+            return delta
+        return None
