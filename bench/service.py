@@ -59,6 +59,7 @@ fragments = {args.fragments}
 overlap_steps = {args.overlap_steps}
 [compression]
 codec = "{args.codec}"
+downlink = "{args.downlink}"
 [rounds]
 max_rounds = {args.rounds}
 eval_every = {args.eval_every}
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--fragments", type=int, default=1)
     ap.add_argument("--codec", default="int8")
+    ap.add_argument("--downlink", default="fp32", choices=["fp32", "codec"],
+                    help="[compression] downlink: codec = each round's change in the run's codec")
     ap.add_argument("--overlap-steps", type=int, default=0,
                     help="[outer] overlap_steps: train on (up to this many steps) while the round closes")
     ap.add_argument("--eval-every", type=int, default=1)
@@ -183,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="coop-service-") as tmp:
         result = run_service(args, model, batch, Path(tmp))
     line = {"bench": "service", "model": args.model, "device": args.device, "workers": args.workers,
-            "inner_steps": args.inner_steps, "fragments": args.fragments, "overlap_steps": args.overlap_steps, "codec": args.codec,
+            "inner_steps": args.inner_steps, "fragments": args.fragments, "overlap_steps": args.overlap_steps, "codec": args.codec, "downlink": args.downlink,
             "eval_every": args.eval_every, **result}
     if alone:
         line["alone_tokens_per_s"] = round(alone, 1)
