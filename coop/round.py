@@ -49,6 +49,7 @@ class RoundStart:
     # overlap over a real link: the start is still on its way (a Future of a RoundStart, or of None
     # when the run ended); the replica trains on beside it and applies it when it arrives
     arrival: Future | None = None
+    steps: int | None = None  # inner steps of this round, when fewer than K fit before its deadline
 
 
 @dataclass
@@ -119,8 +120,8 @@ class RoundLoop:
             self.replica.step = start.inner_step
         if start.reset:
             self.replica.reset_anchor()
-        result = self.replica.run_round(start.weights, self.inner_steps, merged=start.merged, send=start.send,
-                                        apply_after=start.apply_after)
+        result = self.replica.run_round(start.weights, start.steps or self.inner_steps, merged=start.merged,
+                                        send=start.send, apply_after=start.apply_after)
         return self._send(start, result)
 
     def _send(self, start: RoundStart, result: RoundResult) -> RoundReport:

@@ -59,6 +59,8 @@ class RoundInfo(BaseModel):
     reported: bool | None = None
     closed: bool | None = None
     fragment: int = 0  # streaming DiLoCo: the fragment the open round merges (coop.streaming)
+    # to the asking worker: seconds before the round may close without it (None: it waits for it)
+    deadline_in_s: float | None = None
 
 
 class UpdateAccepted(BaseModel):

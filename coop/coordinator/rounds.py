@@ -140,6 +140,14 @@ class RoundMachine:
             return f"deadline {current.deadline_s:.1f}s passed with {reported} of {len(active)} active workers reported"
         return None
 
+    def deadline_for(self, worker_id: str, active: set[str], now: float) -> float | None:
+        """Seconds left before the open round may close without `worker_id`: the deadline's, when
+        the other active workers can make the quorum alone; None when the round waits for it."""
+        current = self.round
+        if current.phase is not Phase.OPEN or len(active - {worker_id}) < self.quorum(len(active)):
+            return None
+        return round(current.deadline_s - (now - current.opened_at), 3)
+
     def begin_aggregation(self) -> RoundState:
         if self.round.phase is not Phase.OPEN:
             raise RuntimeError(f"round {self.round.number} is {self.round.phase.value}, cannot aggregate it")

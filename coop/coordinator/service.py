@@ -261,10 +261,10 @@ class Coordinator:
 
     def round_info(self, record: WorkerRecord | None = None) -> dict[str, Any]:
         current = self.machine.round
-        info = {"round": current.number, "phase": current.phase.value, "done": self.machine.done,
-                "fragment": self.fragment}
-        if record is not None:
+        info = {"round": current.number, "phase": current.phase.value, "done": self.machine.done, "fragment": self.fragment}
+        if record is not None:  # and how long it has to report before the others can close the round
             info["reported"] = record.id in current.reports
+            info["deadline_in_s"] = self.machine.deadline_for(record.id, self.active_workers(), self.clock())
         return info
 
     # -- downloads ---------------------------------------------------------------------------------

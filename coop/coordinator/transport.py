@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -58,8 +59,16 @@ class ValCheck:
 
 class HttpTransport:
     def __init__(self, client: CoordinatorClient, shapes: dict[str, tuple[int, ...]], say: Callable[[str], None],
-                 parts: list[list[str]] | None = None, val: ValCheck | None = None, overlap_steps: int = 0):
+                 parts: list[list[str]] | None = None, val: ValCheck | None = None, overlap_steps: int = 0,
+                 round_steps: int | None = None):
         self.client, self.shapes, self.say = client, shapes, say
+        # nobody starved: when the others can close the round without us at its deadline, train only
+        # the steps that fit before it (token weighting counts them), from our measured step and
+        # upload times; round_steps None: always the full round
+        self.round_steps = round_steps
+        self.step_seconds: float | None = None  # of one inner step, the last round's
+        self.upload_seconds = 0.0  # of the last upload
+        self.fitting = False  # said that we train fewer steps
         self.parts = parts or [list(shapes)]
         self.val = val
         # overlap ([outer] overlap_steps): once an update is accepted the next round's inner steps
@@ -98,11 +107,27 @@ class HttpTransport:
             if info.get("phase", "open") != "open":  # being aggregated: an update now would be refused
                 self.wait_round_end(round_number, None)
                 continue
+            steps = self.steps_that_fit(info.get("deadline_in_s"))
             if len(self.parts) == 1:
-                return RoundStart(round_number, self.weights)
+                return RoundStart(round_number, self.weights, steps=steps)
             p, continuing = len(self.parts), self.accepted_round == round_number - 1
             return RoundStart(round_number, self.weights, merged=self.parts[(round_number - 1) % p] if continuing else None,
-                              send=self.parts[round_number % p], reset=not continuing)
+                              send=self.parts[round_number % p], reset=not continuing, steps=steps)
+
+    def steps_that_fit(self, deadline_in_s: float | None) -> int | None:
+        """The inner steps to take this round: all (None) unless the round can close without us at
+        its deadline, then as many as fit before it with the upload and a 15% margin (at least 1)."""
+        k = self.round_steps
+        if k is None or deadline_in_s is None or self.step_seconds is None:
+            return None
+        fit = int((0.85 * deadline_in_s - self.upload_seconds) / self.step_seconds)
+        if fit >= k:
+            return None
+        if not self.fitting:
+            self.say(f"the others close rounds without this worker at the deadline: training the steps that fit "
+                     f"before it ({max(1, fit)} of {k} now; its update counts by its tokens)")
+            self.fitting = True
+        return max(1, fit)
 
     def fetch_weights(self) -> int:
         """Download the global weights (unless ours are already the open round's). Returns the round."""
@@ -139,8 +164,13 @@ class HttpTransport:
     def exchange(self, round_index: int, contribution: Contribution | None) -> Delivery:
         if contribution is None:  # the replica diverged: nothing to send; the next round starts afresh
             return Delivery("diverged")
+        result = contribution.result
+        if result.losses:
+            self.step_seconds = result.seconds / len(result.losses)
         body = self.pack(contribution)
+        started = time.monotonic()
         outcome = self.upload(round_index, body)
+        self.upload_seconds = time.monotonic() - started
         if outcome == "accepted":
             self.accepted_round = round_index
             self.report_val(round_index)  # while the others finish the round

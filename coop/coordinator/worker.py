@@ -130,7 +130,8 @@ class Worker:
             self.val_check = ValCheck(every, int(info["max_rounds"]), self.evaluate_global)
             self.loop = RoundLoop(self.replica, codec,
                                   HttpTransport(self.client, shapes, self.say, parts, self.val_check,
-                                                overlap_steps=int(info.get("overlap_steps", 0))),
+                                                overlap_steps=int(info.get("overlap_steps", 0)),
+                                                round_steps=int(info["inner_steps"]) // len(parts)),
                                   int(info["inner_steps"]) // len(parts))
             n_params = sum(p.numel() for p in self.replica.model.parameters())
             self.say(f"joined {self.client.url} as {info['worker_id']} at round {info['round']}: GPT "
@@ -236,7 +237,9 @@ class Worker:
 
     def _progress(self, round_number: int, result, nbytes: int) -> None:
         rate = result.tokens / max(result.seconds, 1e-9)
-        message = (f"round {round_number}  loss {result.mean_loss:.4f}  train {rate:,.0f} tok/s  "
+        k = self.loop.inner_steps if self.loop is not None else 0
+        fewer = f"{len(result.losses)}/{k} steps  " if 0 < len(result.losses) < k else ""  # what fit the deadline
+        message = (f"round {round_number}  {fewer}loss {result.mean_loss:.4f}  train {rate:,.0f} tok/s  "
                    f"update {nbytes / 1e6:.2f} MB  up {self.client.bytes_up / 1e6:.1f} MB  "
                    f"down {self.client.bytes_down / 1e6:.1f} MB")
         if self.progress is not None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -130,6 +133,46 @@ def test_workers_on_the_compressed_downlink_follow_the_coordinators_view(tmp_pat
     assert sent.get("delta", 0) > 0, metrics  # rounds 1, 2, 4, 5, 7 went down as int8 changes
     per_delta, per_weights = sent["delta"] / 10, sent["weights"] / 8  # 2 workers: 5 changes, 4 full (join + 3, 6, 8)
     assert per_delta * 2 < per_weights, (per_delta, per_weights)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to make one worker slower for real")
+def test_a_slower_worker_trains_what_fits_before_the_deadline_and_is_not_starved(tmp_path, procs):
+    # the slow worker shares its core with two busy processes (a third of a core: ~3x slower);
+    # the fast one and the coordinator have the other core. With a quorum of one, the fast one
+    # alone closes every round at the deadline: a worker that always trained K steps would be
+    # refused as stale every round (issue: "0 rounds contributed")
+    fast_core, slow_core = sorted(os.sched_getaffinity(0))[:2]
+    config = run_config(inner={"steps": 60}, rounds={"max_rounds": 16, "eval_every": 0},
+                        coordinator={"min_workers": 1, "quorum_fraction": 0.5, "deadline_factor": 1.5,
+                                     "min_deadline_s": 0.3, "max_deadline_s": 0.6, "worker_timeout_s": 10.0})
+    coordinator = procs(Coordinator(tmp_path, config))
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        for hog in hogs:
+            os.sched_setaffinity(hog.pid, {slow_core})
+        os.sched_setaffinity(coordinator.popen.pid, {fast_core})
+        slow = procs(Worker(tmp_path, coordinator, "slow"))  # first: it starts up slowly too
+        os.sched_setaffinity(slow.popen.pid, {slow_core})
+        coordinator.wait_status(lambda s: s["workers"], 60, "the slow worker to join", [slow.log])
+        fast = procs(Worker(tmp_path, coordinator, "fast"))
+        os.sched_setaffinity(fast.popen.pid, {fast_core})
+        status = coordinator.wait_status(lambda s: s["done"], 180, "16 rounds", [fast.log, slow.log])
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    rounds = [h for h in status["history"] if h.get("round") is not None]
+    slow_id = next(w["id"] for w in status["workers"] if w["name"] == "slow")
+    fast_id = next(w["id"] for w in status["workers"] if w["name"] == "fast")
+    together = [h for h in rounds if fast_id in h["workers"]]  # the rounds once both were in
+    slow_rounds = sum(slow_id in h["workers"] for h in together)
+    assert len(together) >= 8, rounds
+    # every round but the one or two in which it measures how long its steps take
+    assert slow_rounds >= len(together) - 2, (slow_rounds, len(together), slow.output()[-3000:])
+    assert slow.wait(30) == 0, slow.output()
+    assert "training the steps that fit before it" in slow.output()
+    per_round = {w["id"]: w["tokens"] / max(1, w["rounds"]) for w in status["workers"]}
+    assert per_round[slow_id] < per_round[fast_id]  # fewer tokens a round: the steps that fit
 
 
 def test_streaming_workers_merge_a_fragment_a_round_and_the_loss_falls(tmp_path, procs):
