@@ -65,6 +65,39 @@ class TrainConfig:
     sample_tokens: int = 300
     quiet: bool = False
 
+    def __post_init__(self) -> None:
+        """Every option checked before any work, each violation named with what is expected."""
+        checks = [
+            ("tokenizer", self.tokenizer in TOKENIZERS, " or ".join(TOKENIZERS)),
+            ("precision", self.precision in PRECISIONS, " | ".join(PRECISIONS)),
+            ("vocab-size", self.vocab_size >= 2, "at least 2"),
+            ("default-corpus-chars", self.default_corpus_chars >= 1, "at least 1"),
+            *((name, getattr(self, name.replace("-", "_")) >= 1, "at least 1") for name in
+              ("n-layer", "n-head", "n-embd", "block-size", "batch-size", "grad-accum", "max-steps", "eval-batches",
+               "log-every")),
+            ("n-embd", self.n_embd % max(1, self.n_head) == 0, f"a multiple of --n-head {self.n_head}"),
+            ("eval-every", self.eval_every >= 0, "0 (only at the end) or more"),
+            ("checkpoint-every", self.checkpoint_every >= 0, "0 (only at the end) or more"),
+            ("sample-tokens", self.sample_tokens >= 0, "0 (no sample) or more"),
+            ("lr", self.lr > 0, "more than 0"), ("min-lr", 0 <= self.min_lr, "0 or more"),
+            ("warmup-steps", self.warmup_steps >= 0, "0 or more"), ("weight-decay", self.weight_decay >= 0, "0 or more"),
+            ("beta2", 0 <= self.beta2 < 1, "in [0, 1)"), ("grad-clip", self.grad_clip >= 0, "0 (off) or more"),
+            ("dropout", 0 <= self.dropout < 1, "in [0, 1)"), ("val-fraction", 0 < self.val_fraction < 1, "in (0, 1)"),
+        ]
+        bad = [f"--{name} {getattr(self, name.replace('-', '_'))!r} (expected {expected})"
+               for name, ok, expected in checks if not ok]
+        if bad:
+            raise ValueError(f"bad option(s): {'; '.join(bad)}")
+
+
+TOKENIZERS = ("char", "bpe")
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+def every(step: int, period: int) -> bool:
+    """Whether `step` is one of every `period` steps (period 0: never)."""
+    return period > 0 and step % period == 0
+
 
 def load_corpus(cfg: TrainConfig) -> str:
     if not cfg.data:
@@ -188,12 +221,12 @@ def train(cfg: TrainConfig, log=print) -> dict:
         while t.step < cfg.max_steps:
             pending.append(t.train_step())
             last = t.step == cfg.max_steps
-            if t.step % cfg.log_every == 0 or last:
+            if every(t.step, cfg.log_every) or last:
                 loss = float(engine.stack(pending).mean().item())
                 pending.clear()
                 progress.update(t.step, f"loss {loss:.4f}  lr {t.lr_at(t.step - 1):.2e}",
                                 tokens=tokens_per_step * cfg.log_every)
-            if t.step % cfg.eval_every == 0 or last:
+            if every(t.step, cfg.eval_every) or last:
                 ev = t.evaluate()
                 record = {"step": t.step, "train_loss": ev.get("train"), "val_loss": ev["val"],
                           "elapsed_s": round(time.perf_counter() - start, 3)}
@@ -202,7 +235,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 metrics.flush()
                 train_part = f"train loss {ev['train']:.4f}, " if "train" in ev else ""
                 progress.note(f"step {t.step}: {train_part}val loss {ev['val']:.4f}")
-            if t.step % cfg.checkpoint_every == 0 or last:
+            if every(t.step, cfg.checkpoint_every) or last:
                 t.save()
     elapsed = time.perf_counter() - start
     final = t.history[-1] if t.history else t.evaluate()
@@ -229,8 +262,11 @@ def add_parser(subparsers) -> None:
         if f.name in ("data", "resume", "quiet", "graph", "eval_train", "bias"):
             continue
         flag = "--" + f.name.replace("_", "-")
-        p.add_argument(flag, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name),
-                       help=f"(default: {getattr(defaults, f.name)})")
+        choices = {"tokenizer": TOKENIZERS, "precision": PRECISIONS}.get(f.name)
+        notes = {"eval_every": "steps between evaluations, 0: only at the end",
+                 "checkpoint_every": "steps between checkpoints, 0: only at the end"}
+        p.add_argument(flag, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name), choices=choices,
+                       help=f"{notes.get(f.name, '')} (default: {getattr(defaults, f.name)})".lstrip())
     p.add_argument("--eval-train", action=argparse.BooleanOptionalAction, default=defaults.eval_train,
                    help="also measure the train split at each evaluation (default: on)")
     p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=defaults.bias,
@@ -245,7 +281,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    try:
+        cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    except ValueError as error:
+        print(f"coop train: {error}", file=sys.stderr)
+        return 2
     if cfg.device.startswith("cuda") and not engine.cuda.is_available():
         print(f"coop train: --device {cfg.device} but CUDA is not available: {engine.cuda.unavailable_reason()}",
               file=sys.stderr)

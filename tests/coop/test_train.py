@@ -80,3 +80,46 @@ def test_no_bias_trains_a_model_without_biases(tmp_path):
     with_bias = tiny(tmp_path, "bias", max_steps=4)
     train(with_bias, log=lambda *a: None)
     assert [n for n in load_checkpoint(tmp_path / "bias" / "checkpoint")["model"] if n.endswith(".bias")]
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--grad-accum", "0"], "--grad-accum 0 (expected at least 1)"),
+    (["--log-every", "0"], "--log-every 0 (expected at least 1)"),
+    (["--max-steps", "0"], "--max-steps 0 (expected at least 1)"),
+    (["--lr", "-1"], "--lr -1.0 (expected more than 0)"),
+    (["--n-embd", "30", "--n-head", "4"], "--n-embd 30 (expected a multiple of --n-head 4)"),
+    (["--val-fraction", "1.5"], "--val-fraction 1.5 (expected in (0, 1))"),
+    (["--eval-every", "-1"], "--eval-every -1 (expected 0 (only at the end) or more)"),
+])
+def test_bad_train_options_exit_2_with_one_line_before_any_work(tmp_path, capsys, option, message):
+    from coop.cli import main as coop_main
+    assert coop_main(["train", "--out", str(tmp_path / "run"), *option]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("coop train: bad option(s):") and message in err and "\n" not in err, err
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_a_bad_choice_is_refused_by_the_parser_and_listed_in_help(tmp_path, capsys):
+    from coop.cli import main as coop_main
+    with pytest.raises(SystemExit) as exit_info:
+        coop_main(["train", "--precision", "bogus"])
+    assert exit_info.value.code == 2 and "choose from 'auto', 'bf16', 'fp32'" in capsys.readouterr().err
+
+
+def test_eval_and_checkpoint_every_0_mean_only_at_the_end(tmp_path, capsys):
+    from coop.cli import main as coop_main
+    out = tmp_path / "run"
+    assert coop_main(["train", "--out", str(out), "--eval-every", "0", "--checkpoint-every", "0", "--max-steps", "3",
+                      "--quiet", "--sample-tokens", "0", "--default-corpus-chars", "20000", "--n-layer", "1",
+                      "--n-embd", "16", "--n-head", "2", "--block-size", "16", "--eval-batches", "1"]) == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and '"step": 3' in lines[0]  # one evaluation: the last step's
+    assert (out / "checkpoint").exists()
+
+
+def test_coop_version(capsys):
+    from coop import __version__
+    from coop.cli import main as coop_main
+    with pytest.raises(SystemExit) as exit_info:
+        coop_main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"coop {__version__}"
