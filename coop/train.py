@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -92,6 +94,28 @@ class TrainConfig:
 
 TOKENIZERS = ("char", "bpe")
 PRECISIONS = ("auto", "bf16", "fp32")
+
+
+class Interrupt:
+    """Within `with`: the first Ctrl-C (SIGINT) only asks the training loop to stop after its step,
+    so that it can write a checkpoint; a second one stops at once. Outside the main thread: nothing."""
+
+    def __init__(self):
+        self.asked, self._previous = False, None
+
+    def _handle(self, signum, frame):
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+
+    def __enter__(self) -> Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def every(step: int, period: int) -> bool:
@@ -217,9 +241,14 @@ def train(cfg: TrainConfig, log=print) -> dict:
     pending = []  # losses not yet read back: one host sync per log line, not per step
     start = time.perf_counter()
     metrics_path = t.out / "metrics.jsonl"
-    with open(metrics_path, "a", encoding="utf-8") as metrics:
+    interrupt = Interrupt()
+    with open(metrics_path, "a", encoding="utf-8") as metrics, interrupt:
         while t.step < cfg.max_steps:
             pending.append(t.train_step())
+            if interrupt.asked:  # Ctrl-C: the step is whole, so the checkpoint is a consistent one
+                t.save()
+                log(f"\ninterrupted at step {t.step}: checkpoint written to {t.ckpt_path} (--resume continues from it)")
+                raise KeyboardInterrupt
             last = t.step == cfg.max_steps
             if every(t.step, cfg.log_every) or last:
                 loss = float(engine.stack(pending).mean().item())

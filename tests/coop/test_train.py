@@ -123,3 +123,28 @@ def test_coop_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         coop_main(["--version"])
     assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"coop {__version__}"
+
+
+def test_ctrl_c_writes_a_checkpoint_that_resume_continues_from(tmp_path):
+    import signal
+    import time
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "coop.cli", "train", "--out", str(out), "--max-steps", "100000",
+            "--eval-every", "5", "--checkpoint-every", "0", "--eval-batches", "1", "--sample-tokens", "0",
+            "--default-corpus-chars", "20000", "--n-layer", "1", "--n-embd", "16", "--n-head", "2",
+            "--block-size", "16", "--quiet"]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 2):
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    assert "checkpoint written to" in output and "Traceback" not in output, output
+    step = load_checkpoint(out / "checkpoint")["step"]
+    assert step >= 10  # nothing lost: the step it stopped at
+    resumed = subprocess.run([*args[:7], str(step + 3), *args[8:], "--resume"], capture_output=True, text=True,
+                             timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert load_checkpoint(out / "checkpoint")["step"] == step + 3
