@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 import engine.__main__ as engine_info
@@ -31,13 +32,23 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_parser(sub)
     info = sub.add_parser("info", help="what engine was built with and which devices it sees")
     info.set_defaults(run=_info)
+    for command in sub.choices.values():  # every command takes --log-level (coop swarm's may have it)
+        if not any("--log-level" in action.option_strings for action in command._actions):
+            command.add_argument("--log-level", default="warning", choices=LOG_LEVELS,
+                                 help="how much coop logs (default: warning)")
     return parser
+
+
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse argv and run the chosen subcommand's `run(args)`; help when none was chosen.
     Shared by `coop`, `coop-coordinator` and `coop-worker`."""
     args = parser.parse_args(argv)
+    if getattr(args, "log_level", None):
+        logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     if not getattr(args, "run", None):
         parser.print_help()
         return 1
