@@ -151,6 +151,7 @@ class Replica:
                 return None
             if arrived.reset:  # it missed a merge: the steps taken meanwhile cannot be kept
                 self.reset_anchor()
+                losses = []
             global_weights, merged, send = arrived.weights, arrived.merged, arrived.send
             apply_after = len(losses)
         if not self.anchor:  # the first round (or after a reset): everything from the global weights

@@ -18,6 +18,8 @@ from engine.checkpoint import CheckpointNotFoundError, load_checkpoint
 from engine.data import tokenizer_from_json
 from engine.nn import GPT, GPTConfig
 
+from .devices import device_problem
+
 
 def sample(checkpoint: str, prompt: str = "\n", max_new_tokens: int = 200, temperature: float = 0.8,
            top_k: int | None = None, top_p: float | None = None, seed: int = 0, device: str = "cpu",
@@ -65,9 +67,8 @@ def run(args) -> int:
     if bad:
         print(f"coop sample: bad option(s): {'; '.join(bad)}", file=sys.stderr)
         return 2
-    if args.device.startswith("cuda") and not engine.cuda.is_available():
-        print(f"coop sample: --device {args.device} but CUDA is not available: {engine.cuda.unavailable_reason()}",
-              file=sys.stderr)
+    if problem := device_problem("coop sample", args.device):
+        print(problem, file=sys.stderr)
         return 2
     try:
         texts = sample(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.top_p,

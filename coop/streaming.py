@@ -13,6 +13,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from .round import RoundStart
 
 BLOCK = re.compile(r"(?:^|\.)h\.(\d+)\.")
 EMBEDDING = re.compile(r"(?:^|\.)(wte|wpe|embed\w*)(?:\.|$)")
@@ -39,3 +44,14 @@ def fragments(names: Iterable[str], count: int) -> list[list[str]]:
 def fragment_of_round(round_index: int, count: int) -> int:
     """Which fragment round `round_index` merges."""
     return round_index % count
+
+
+def round_start(round_index: int, weights: dict[str, np.ndarray], parts: list[list[str]], continuing: bool,
+                **options: Any) -> RoundStart:
+    """Round r's start for one replica, the same in every transport. Plain DiLoCo (one part): load
+    everything. With P fragments: load the fragment round r - 1 merged and send fragment r mod P.
+    A replica that is not `continuing` (its update was not in round r - 1's merge: it missed the
+    round, joined late, diverged or was refused) starts afresh from all of `weights`."""
+    p = len(parts)
+    return RoundStart(round_index, weights, merged=parts[(round_index - 1) % p] if p > 1 and continuing else None,
+                      send=parts[round_index % p] if p > 1 else None, reset=not continuing, **options)

@@ -25,6 +25,7 @@ from engine.data import (BPETokenizer, CharTokenizer, default_corpus, encode_cor
 from engine.nn import GPT, GPTConfig
 
 from .progress import Progress, format_duration
+from .devices import device_problem
 from .training import TrainStep, autocast_for, evaluate, make_optimizer
 
 
@@ -315,9 +316,8 @@ def run(args) -> int:
     except ValueError as error:
         print(f"coop train: {error}", file=sys.stderr)
         return 2
-    if cfg.device.startswith("cuda") and not engine.cuda.is_available():
-        print(f"coop train: --device {cfg.device} but CUDA is not available: {engine.cuda.unavailable_reason()}",
-              file=sys.stderr)
+    if problem := device_problem("coop train", cfg.device):
+        print(problem, file=sys.stderr)
         return 2
     train(cfg)
     return 0

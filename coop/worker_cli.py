@@ -8,7 +8,6 @@ worker asks `GET URL/v1/info` what it is talking to and behaves accordingly.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import socket
@@ -18,10 +17,10 @@ from pathlib import Path
 
 import httpx
 
-import engine
 from coop import __version__
 from coop.cli import run_command
 from coop.coordinator.worker import WorkerOptions, run_worker
+from coop.devices import device_problem
 from coop.gossip import peer
 from coop.gossip.options import add_link_options, link_from_args
 
@@ -100,14 +99,11 @@ def _sigterm_as_interrupt(signum, frame):  # docker stop / kubectl delete: leave
 
 
 def join_command(args) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.token = args.token or os.environ.get("COOP_TOKEN")
     link_from_args(args)  # a bad --limit-rate / --latency exits 2 here, before any connection
-    if args.device.startswith("cuda"):
-        if not engine.cuda.is_available():
-            print(f"coop-worker: --device {args.device} but CUDA is not available: "
-                  f"{engine.cuda.unavailable_reason()}", file=sys.stderr)
-            return 2
+    if problem := device_problem("coop-worker", args.device):
+        print(problem, file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         info = server_info(args.url, args.retry_for)

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..codec import decode
 from ..round import Contribution, RoundStart
+from ..streaming import round_start
 from ..wire import WireError, pack, unpack, upload_chunks
 from .client import CoordinatorClient, WorkerError
 from .evaluation import eval_due
@@ -107,12 +108,8 @@ class HttpTransport:
             if info.get("phase", "open") != "open":  # being aggregated: an update now would be refused
                 self.wait_round_end(round_number, None)
                 continue
-            steps = self.steps_that_fit(info.get("deadline_in_s"))
-            if len(self.parts) == 1:
-                return RoundStart(round_number, self.weights, steps=steps)
-            p, continuing = len(self.parts), self.accepted_round == round_number - 1
-            return RoundStart(round_number, self.weights, merged=self.parts[(round_number - 1) % p] if continuing else None,
-                              send=self.parts[round_number % p], reset=not continuing, steps=steps)
+            return round_start(round_number, self.weights, self.parts, self.accepted_round == round_number - 1,
+                               steps=self.steps_that_fit(info.get("deadline_in_s")))
 
     def steps_that_fit(self, deadline_in_s: float | None) -> int | None:
         """The inner steps to take this round: all (None) unless the round can close without us at

@@ -19,6 +19,7 @@ from coop.gossip.node import PeerState
 from coop.gossip.payload import pack_encoded
 from coop.gossip.protocol import Member
 from coop.round import Contribution, RoundStart
+from coop.streaming import round_start
 from coop.wire import upload_chunks
 
 RETRY_SECONDS = 0.25  # between attempts to deliver an update to a partner that is behind
@@ -40,12 +41,8 @@ class GossipTransport:
             if node.stopping.is_set() or node.round >= node.config.rounds.max_rounds:
                 return None
             node.phase = "training"
-            r, parts = node.round, node.parts
-            if len(parts) <= 1:
-                return RoundStart(r, node.global_weights)
-            continuing = self.merged_round == r - 1
-            return RoundStart(r, node.global_weights, merged=parts[(r - 1) % len(parts)] if continuing else None,
-                              send=parts[r % len(parts)], reset=not continuing)
+            return round_start(node.round, node.global_weights, node.parts or [list(node.global_weights)],
+                               self.merged_round == node.round - 1)
 
     def exchange(self, round_index: int, contribution: Contribution | None):
         """-> (partners sent to, peers whose updates were averaged in, consensus distance, next round)."""

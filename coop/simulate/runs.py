@@ -11,6 +11,7 @@ import engine
 from engine.data import TokenDataset
 
 from ..replica import Replica
+from ..devices import device_problem
 from ..round import RoundLoop
 from . import report
 from .adversary import AdversarialReplica
@@ -158,9 +159,8 @@ def run_baseline(setup: Setup, kind: str, jsonl: Path | None = None) -> RunResul
 def simulate(cfg: SimulateConfig, log=print) -> list[RunResult]:
     """Every requested run, in order: DiLoCo per codec, then the baselines. Writes OUT/metrics.jsonl
     (replaced), OUT/plot.png, and logs the summary table."""
-    if cfg.device.startswith("cuda") and not engine.cuda.is_available():
-        raise SystemExit(f"coop simulate: --device {cfg.device} but CUDA is not available: "
-                         f"{engine.cuda.unavailable_reason()}")
+    if problem := device_problem("coop simulate", cfg.device):
+        raise SystemExit(problem)
     if cfg.topology == "gossip" and not cfg.no_diloco:
         gossip_module()  # fail before any training
     out = Path(cfg.out)

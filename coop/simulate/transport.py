@@ -20,7 +20,7 @@ import numpy as np
 
 from ..diloco import Weights, shapes_of
 from ..round import Contribution, RoundStart
-from ..streaming import fragments
+from ..streaming import fragments, round_start
 from .config import codec_for
 from .setup import Setup, copy_weights, outer_optimizer
 
@@ -50,13 +50,10 @@ class InProcessTransport:
         self.filed: int | None = None  # the last round whose update this replica filed
 
     def begin(self) -> RoundStart:
-        r, parts = self.topology.round, self.topology.parts
+        r = self.topology.round
         continuing = self.filed == r - 1
-        streaming = len(parts) > 1
-        return RoundStart(r, self.topology.base_for(self.index), inner_step=r * self.round_steps,
-                          merged=parts[(r - 1) % len(parts)] if streaming and continuing else None,
-                          send=parts[r % len(parts)] if streaming else None,
-                          apply_after=self.overlap_steps if continuing else 0, reset=not continuing)
+        return round_start(r, self.topology.base_for(self.index), self.topology.parts, continuing,
+                           inner_step=r * self.round_steps, apply_after=self.overlap_steps if continuing else 0)
 
     def exchange(self, round_index: int, contribution: Contribution | None) -> str:
         if contribution is None:  # NaN/inf: the replica diverged; its update must not count

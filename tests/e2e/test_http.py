@@ -64,6 +64,15 @@ def val_losses(status: dict) -> list[float]:
     return [h["val_loss"] for h in status["history"] if h.get("val_loss") is not None]
 
 
+def done_and_evaluated(coordinator, workers, timeout: float = 90) -> dict:
+    """The status once the run is done and every worker reported the val loss of every weights
+    (the final model's come once the run is done)."""
+    return coordinator.wait_status(lambda s: s["done"] and all(len(h.get("val_reports", {})) == len(workers)
+                                                               for h in s["history"]),
+                                   timeout, "the run and every worker's val loss of every weights",
+                                   [w.log for w in workers])
+
+
 def closed_rounds(status: dict) -> list[int]:
     return [h["round"] for h in status["history"] if h.get("round") is not None]
 
@@ -71,10 +80,8 @@ def closed_rounds(status: dict) -> list[int]:
 def test_two_workers_train_and_the_global_loss_falls(tmp_path, procs):
     coordinator = procs(Coordinator(tmp_path, run_config(rounds={"max_rounds": 8}, coordinator={"min_workers": 2})))
     workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2)]
-    # the val losses are the workers' reports; the final model's come once the run is done
-    status = coordinator.wait_status(lambda s: s["done"] and all(len(h.get("val_reports", {})) == 2
-                                                                 for h in s["history"]),
-                                     90, "8 rounds and both workers' val loss of every weights", [w.log for w in workers])
+    # the val losses are the workers' reports
+    status = done_and_evaluated(coordinator, workers)
     assert closed_rounds(status) == list(range(8))
     assert all(h["contributors"] == 2 for h in status["history"] if h.get("round") is not None)
     losses = val_losses(status)
@@ -102,9 +109,7 @@ def test_overlapping_workers_train_while_the_round_closes_and_lose_nothing(tmp_p
     # worker1 on an emulated link (coop.throttle): 20 Mbit/s each way, 5 ms latency
     workers = [procs(Worker(tmp_path, coordinator, "worker0")),
                procs(Worker(tmp_path, coordinator, "worker1", "--limit-rate", "20Mbit", "--latency", "5ms"))]
-    status = coordinator.wait_status(lambda s: s["done"] and all(len(h.get("val_reports", {})) == 2
-                                                                 for h in s["history"]),
-                                     90, "8 rounds and both workers' val loss of every weights", [w.log for w in workers])
+    status = done_and_evaluated(coordinator, workers)
     assert closed_rounds(status) == list(range(8))
     assert all(h["contributors"] == 2 for h in status["history"] if h.get("round") is not None)
     losses = val_losses(status)
@@ -119,9 +124,7 @@ def test_workers_on_the_compressed_downlink_follow_the_coordinators_view(tmp_pat
                         rounds={"max_rounds": 8}, coordinator={"min_workers": 2})
     coordinator = procs(Coordinator(tmp_path, config))
     workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2)]
-    status = coordinator.wait_status(lambda s: s["done"] and all(len(h.get("val_reports", {})) == 2
-                                                                 for h in s["history"]),
-                                     90, "8 rounds and both workers' val loss of every weights", [w.log for w in workers])
+    status = done_and_evaluated(coordinator, workers)
     assert all(h["contributors"] == 2 for h in status["history"] if h.get("round") is not None)
     losses = val_losses(status)
     assert len(losses) == 9 and losses[-1] < losses[0] - 0.5, losses
