@@ -108,7 +108,8 @@ PATHS = st.one_of(
                      "/v1/status", "/metrics", "/", "/docs", "/openapi.json"]),
     SEGMENT.map(lambda r: f"/v1/rounds/{r}/update"),
     st.tuples(SEGMENT, st.text("0123456789.-e", max_size=6)).map(lambda t: f"/v1/rounds/{t[0]}/wait?timeout_s={t[1]}"),
-    st.text("/abcv1", max_size=20).map(lambda p: "/" + p),
+    # a path starting "//" is refused by the test client itself (a network-path reference): never sent
+    st.text("/abcv1", max_size=20).map(lambda p: "/" + p.lstrip("/")),
 )
 BODIES = st.one_of(st.none(), st.binary(max_size=300), st.sampled_from([b"{}", b'{"name": "x"}', b"[" * 5000, b"\x00" * 8]),
                    st.integers(0, 2**64 - 1).map(lambda n: n.to_bytes(8, "little") + b"{}"))
