@@ -15,9 +15,46 @@ global L2 norms). Nothing here validates: the Aggregator has checked names, shap
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+CHUNK = 1 << 15  # coordinates per task of over_chunks: an (N, CHUNK) float32 stack (N x 128 KB) stays in the cache
+_pool: ThreadPoolExecutor | None = None
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:  # numpy's kernels release the GIL: one thread per core
+        _pool = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="coop-aggregate")
+    return _pool
+
+
+def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[np.ndarray], scales: np.ndarray,
+                reduce: bool = False) -> np.ndarray:
+    """Apply a coordinate-wise `rule` ((N, chunk) float32 stack -> (chunk,)) to N flat contributions,
+    each scaled by its `scales` entry (norm clipping), one chunk of coordinates at a time on every
+    core. Returns the (size,) float32 result; with `reduce`, the rule returns a fixed-size vector
+    per chunk (partial sums) and their sum (float64) is returned instead."""
+    size = flats[0].size
+
+    def one(start: int) -> np.ndarray:
+        stop = min(start + CHUNK, size)
+        stack = np.stack([f[start:stop] for f in flats])  # (N, chunk) float32, a copy
+        if np.any(scales != 1):
+            stack *= scales[:, None]
+        return rule(stack)
+
+    starts = range(0, size, CHUNK)
+    parts = _threads().map(one, starts) if len(starts) > 1 else map(one, starts)
+    if reduce:
+        return np.sum([np.asarray(p, dtype=np.float64) for p in parts], axis=0)
+    out = np.empty(size, dtype=np.float32)
+    for start, part in zip(starts, parts):
+        out[start : start + part.size] = part
+    return out
 
 
 def weighted_mean(stack: np.ndarray, weights: np.ndarray) -> np.ndarray:
