@@ -47,7 +47,8 @@ class RoundResult:
     pseudo_gradient: dict[str, np.ndarray]
     tokens: int
     losses: list[float] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = 0.0  # in inner steps
+    waited: float = 0.0  # blocked on the last round's merge (overlap), not counted in `seconds`
 
     @property
     def mean_loss(self) -> float:
@@ -111,13 +112,14 @@ class Replica:
         self.reset_anchor()
         self.apply_merge(global_weights)
 
-    def evaluate_weights(self, weights: dict[str, np.ndarray], data: TokenDataset, batches: int = 8) -> float:
+    def evaluate_weights(self, weights: dict[str, np.ndarray], data: TokenDataset, batches: int = 8,
+                         part: tuple[int, int] = (0, 1)) -> float:
         """`evaluate` of other weights (e.g. the global ones) on this replica's model, which is
         left as it was: the local weights of a streaming replica keep training afterwards."""
         local = self.weights()
         load_weights(self.model, weights)
         try:
-            return self.evaluate(data, batches)
+            return self.evaluate(data, batches, part=part)
         finally:
             load_weights(self.model, local)
 
@@ -141,12 +143,15 @@ class Replica:
         waits: the delay stays bounded); it then applies it the same way. Returns None when the
         run ended while it trained."""
         start = time.perf_counter()
-        losses = []
+        losses, waited = [], 0.0
         if arrival is not None:  # overlap over a link: train on until the merge has arrived
             ahead = min(inner_steps, apply_after or inner_steps)  # then wait for it
             while len(losses) < ahead and not arrival.done():
                 losses.append(self.train_step())
+            waiting = time.perf_counter()
             arrived = arrival.result()  # blocks only once the round's steps are all taken
+            waited = time.perf_counter() - waiting
+            start += waited  # the round's seconds are those of its inner steps
             if arrived is None:
                 return None
             if arrived.reset:  # it missed a merge: the steps taken meanwhile cannot be kept
@@ -167,7 +172,7 @@ class Replica:
         delta = pseudo_gradient({n: self.anchor[n] for n in sent}, {n: local[n] for n in sent})
         self.sent_at = {n: local[n] for n in sent}
         return RoundResult(delta, inner_steps * self.inner.batch_size * self.inner.block_size, losses,
-                           time.perf_counter() - start)
+                           time.perf_counter() - start, waited)
 
     def apply_merge(self, global_weights: dict[str, np.ndarray], keep_progress: bool = False) -> None:
         """Load merged global weights (all or a fragment) and make them the anchor of the next
@@ -188,8 +193,11 @@ class Replica:
         that missed merges, or rejoined, must not take a pseudo-gradient against stale weights)."""
         self.anchor, self.sent_at = {}, {}
 
-    def evaluate(self, data: TokenDataset, batches: int = 8, seed: int = 1234) -> float:
+    def evaluate(self, data: TokenDataset, batches: int = 8, seed: int = 1234, part: tuple[int, int] = (0, 1)) -> float:
         """Mean loss over `batches` fixed random windows of `data` (the same windows every call),
-        under the training's autocast."""
-        windows = fixed_windows(data, batches, self.inner.batch_size, self.inner.block_size, seed)
+        under the training's autocast. part (i, n): only the windows i, i + n, i + 2n, ... of them,
+        so that n workers share one evaluation (the token-weighted mean of their n losses is the
+        whole evaluation's)."""
+        index, count = part
+        windows = fixed_windows(data, batches, self.inner.batch_size, self.inner.block_size, seed)[index::count]
         return evaluate(self.model, windows, self.device, self.inner.precision)

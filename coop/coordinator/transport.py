@@ -17,8 +17,10 @@ its upload, when it would otherwise wait, and the final weights' once the run is
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -82,6 +84,19 @@ class HttpTransport:
         self.weights: dict[str, np.ndarray] | None = None
         self.weights_round: int | None = None
         self.accepted_round: int | None = None  # the last round whose update the coordinator took
+        # seconds the training thread spent on each part of a round outside its inner steps (what
+        # the background does beside them is not counted): the worker's summary shows them
+        self.spent = {"download": 0.0, "upload": 0.0, "eval": 0.0, "wait": 0.0}
+        self._training_thread = threading.current_thread()
+
+    @contextlib.contextmanager
+    def timed(self, part: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if threading.current_thread() is self._training_thread:
+                self.spent[part] += time.perf_counter() - started
 
     # -- begin -------------------------------------------------------------------------------------
     def begin(self) -> RoundStart | None:
@@ -96,8 +111,9 @@ class HttpTransport:
         """Download the open round's weights and check it is open; None when the run is done (after
         the final weights' val loss, when `evaluate`: from the training thread only, it runs the model)."""
         while True:
-            round_number = self.fetch_weights()
-            info = self.client.request("POST", "/v1/heartbeat", json={}).json()
+            with self.timed("download"):
+                round_number = self.fetch_weights()
+                info = self.client.request("POST", "/v1/heartbeat", json={}).json()
             if info["done"]:
                 if info["round"] == round_number and evaluate:  # the final weights: the history wants their loss
                     self.report_val(round_number)
@@ -166,15 +182,18 @@ class HttpTransport:
             self.step_seconds = result.seconds / len(result.losses)
         body = self.pack(contribution)
         started = time.monotonic()
-        outcome = self.upload(round_index, body)
+        with self.timed("upload"):
+            outcome = self.upload(round_index, body)
         self.upload_seconds = time.monotonic() - started
         if outcome == "accepted":
             self.accepted_round = round_index
-            self.report_val(round_index)  # while the others finish the round
+            with self.timed("eval"):
+                self.report_val(round_index)  # while the others finish the round
             if self.overlap_steps:  # the next round trains while this one closes and its merge comes down
                 self.pending = self.background.submit(self._next_start, round_index, body)
                 return Delivery("accepted", len(body))
-            end = self.wait_round_end(round_index, body)
+            with self.timed("wait"):
+                end = self.wait_round_end(round_index, body)
             if end["done"]:  # the worker stops here: the final weights' val loss first
                 self.report_final()
             return Delivery("accepted", len(body), bool(end["done"]))
