@@ -296,7 +296,8 @@ class Aggregator:
 
         def similarity(stack: np.ndarray) -> np.ndarray:  # (N, chunk) -> (2N + 1,): dots, norms², reference²
             reference = robust_ops.median(stack)
-            return np.concatenate([(stack @ reference).astype(np.float64),
+            # einsum, not `stack @ reference`: BLAS would start its own threads inside each of ours
+            return np.concatenate([np.einsum("ns,s->n", stack, reference, dtype=np.float64),
                                    np.einsum("ns,ns->n", stack, stack, dtype=np.float64),
                                    [float(np.dot(reference, reference))]])
 
