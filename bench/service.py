@@ -199,6 +199,8 @@ def run_service(args, model: dict, batch: int, work: Path) -> dict:
             "round_s": round(wall / len(rounds), 3),
             "close_s": round(sum(r.get("close_s", 0.0) for r in rounds) / len(rounds), 3) if "close_s" in rounds[0]
             else None,
+            "close_parts_s": {k: round(sum(r.get("close_parts_s", {}).get(k, 0.0) for r in rounds) / len(rounds), 3)
+                              for k in rounds[0].get("close_parts_s", {})},
             "utilisation": [round(u, 3) for u in utilisation],
             "utilisation_mean": round(sum(utilisation) / len(utilisation), 3) if utilisation else None,
             "outside_s_per_round": {k: round(v, 3) for k, v in outside.items()},

@@ -380,6 +380,7 @@ class Coordinator:
         current = self.machine.begin_aggregation()
         t0 = self.clock()
         await self.checkpointer.written()  # the last round's write: the outer step changes its arrays
+        t1 = self.clock()
         try:
             record = await asyncio.to_thread(self._aggregate, current, reason, active)
         except Exception as error:
@@ -390,10 +391,15 @@ class Coordinator:
         # pack the next round's weights first, then open that round and publish them with no await
         # in between: GET /v1/weights (which does not take the lock) must never pair the new round
         # number with the old body (a worker that gets such a pair gives up: "weights do not match")
+        t2 = self.clock()
         body = await asyncio.to_thread(self._pack_weights, current.number + 1)
         self.machine.finish(self.clock())
         self.weights_body = body
-        record["close_s"] = round(self.clock() - t0, 3)  # aggregation, outer step and packing: what the workers wait for
+        # what the workers wait for: the last checkpoint's write (if still going), the aggregation
+        # with the outer step, and packing the weights
+        record["close_s"] = round(self.clock() - t0, 3)
+        record["close_parts_s"] = {"checkpoint_wait": round(t1 - t0, 3), "aggregate": round(t2 - t1, 3),
+                                   "pack": round(self.clock() - t2, 3)}
         self.checkpointer.start(self.machine.number, self.weights, self.outer.state_dict(), self.history,
                                 self.config.model_dump())
         # members.json only ever from the event loop, like join and leave do: from the aggregation
