@@ -20,10 +20,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import robust as robust_ops
+from .threads import parallel_map
 
 Weights = Mapping[str, np.ndarray]
 Shapes = Mapping[str, tuple[int, ...]]
 
+_OUTER_CHUNK = 1 << 20  # elements per task of the outer step
 _CHUNK = 1 << 16  # elements per step of the weighted sum: its scratch buffer (256 KB in fp32) stays in cache
 
 
@@ -343,7 +345,7 @@ class OuterOptimizer(Protocol):
     """What the round loop needs from an outer optimizer."""
 
     def step(self, global_weights: dict[str, np.ndarray], pseudo_grad: Weights) -> None: ...
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self, copy: bool = True) -> dict[str, Any]: ...
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
@@ -413,19 +415,36 @@ class NesterovSGD:
                 raise ValueError(f"pseudo-gradient {name!r} has NaN/inf values; refusing the outer step")
         lr = np.float32(self.current_lr())
         momentum = np.float32(self.momentum)
-        for name, weight in global_weights.items():
+        fresh = {name for name in global_weights if self.momentum != 0 and name not in self.momentum_buffer}
+        for name in fresh:  # b = g on a tensor's first step
+            self.momentum_buffer[name] = np.zeros_like(global_weights[name])
+
+        def flat(array: np.ndarray, start: int, stop: int) -> np.ndarray:  # a view: updates land in place
+            return array.reshape(-1)[start:stop] if stop >= 0 else array
+
+        def update(piece: tuple[str, int, int]) -> None:  # one chunk of one tensor (stop -1: all of it)
+            name, start, stop = piece
+            weight = flat(global_weights[name], start, stop)
             grad = np.asarray(pseudo_grad[name], dtype=np.float32)
+            grad = flat(grad, start, stop) if stop >= 0 else grad
             if self.momentum == 0:
                 direction = grad
             else:
-                buffer = self.momentum_buffer.get(name)
-                if buffer is None:
-                    buffer = self.momentum_buffer[name] = grad.copy()
+                buffer = flat(self.momentum_buffer[name], start, stop)
+                if name in fresh:
+                    buffer[...] = grad
                 else:
                     buffer *= momentum
                     buffer += grad
                 direction = grad + momentum * buffer if self.nesterov else buffer
             weight -= lr * direction
+
+        pieces = []
+        for name, w in global_weights.items():
+            contiguous = w.flags.c_contiguous and self.momentum_buffer.get(name, w).flags.c_contiguous
+            pieces += ([(name, start, min(start + _OUTER_CHUNK, w.size)) for start in range(0, w.size, _OUTER_CHUNK)]
+                       if contiguous else [(name, 0, -1)])
+        parallel_map(update, pieces, sum(w.size for w in global_weights.values()))  # the same numbers, on every core
         self.step_count += 1
 
     def take_hyperparameters(self, other: NesterovSGD) -> None:
@@ -434,8 +453,9 @@ class NesterovSGD:
         self.lr, self.momentum, self.nesterov = other.lr, other.momentum, other.nesterov
         self.warmup_steps, self.decay_steps, self.min_lr_factor = other.warmup_steps, other.decay_steps, other.min_lr_factor
 
-    def state_dict(self) -> dict[str, Any]:
-        """Scalars (JSON-able) plus "momentum_buffer": name -> float32 array (copies).
+    def state_dict(self, copy: bool = True) -> dict[str, Any]:
+        """Scalars (JSON-able) plus "momentum_buffer": name -> float32 array (copies; with copy=False
+        the buffers themselves, for a writer that finishes before the next step).
         Persist with e.g. `coop.wire.pack(state.pop("momentum_buffer"), state)`; no pickle."""
         return {
             "lr": self.lr,
@@ -445,7 +465,7 @@ class NesterovSGD:
             "decay_steps": self.decay_steps,
             "min_lr_factor": self.min_lr_factor,
             "step_count": self.step_count,
-            "momentum_buffer": {name: buffer.copy() for name, buffer in self.momentum_buffer.items()},
+            "momentum_buffer": {name: buffer.copy() if copy else buffer for name, buffer in self.momentum_buffer.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

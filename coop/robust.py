@@ -15,21 +15,13 @@ global L2 norms). Nothing here validates: the Aggregator has checked names, shap
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .threads import parallel_map
+
 CHUNK = 1 << 15  # coordinates per task of over_chunks: an (N, CHUNK) float32 stack (N x 128 KB) stays in the cache
-_pool: ThreadPoolExecutor | None = None
-
-
-def _threads() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:  # numpy's kernels release the GIL: one thread per core
-        _pool = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="coop-aggregate")
-    return _pool
 
 
 def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[np.ndarray], scales: np.ndarray,
@@ -48,7 +40,7 @@ def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[np.nda
         return rule(stack)
 
     starts = range(0, size, CHUNK)
-    parts = _threads().map(one, starts) if len(starts) > 1 else map(one, starts)
+    parts = parallel_map(one, starts, size * len(flats))
     if reduce:
         return np.sum([np.asarray(p, dtype=np.float64) for p in parts], axis=0)
     out = np.empty(size, dtype=np.float32)

@@ -31,20 +31,20 @@ class Checkpointer:
         self.last_seconds = 0.0  # how long the last write took
         self.saved_round: int | None = None  # the round the state directory resumes at
 
-    def start(self, round_number: int, weights: dict[str, np.ndarray], outer_state: dict[str, Any],
+    def start(self, round_number: int, weights: dict[str, np.ndarray], outer: Any,
               history: list[dict[str, Any]], config: dict[str, Any]) -> None:
-        """Begin writing the state that resumes at `round_number`. The arrays are written as they
-        are (no copy: the caller awaits `written()` before changing them); the history is copied
-        now, since val reports keep editing its records."""
+        """Begin writing the state that resumes at `round_number`. The arrays (weights, the outer
+        optimizer's buffers) are written as they are, no copy: the caller awaits `written()` before
+        changing them. The history is copied now, since val reports keep editing its records."""
         history = copy.deepcopy(history)
         self._writing = asyncio.create_task(asyncio.to_thread(
-            self._write, round_number, dict(weights), outer_state, history, config))
+            self._write, round_number, dict(weights), outer, history, config))
 
-    def _write(self, round_number: int, weights, outer_state, history, config) -> None:
+    def _write(self, round_number: int, weights, outer, history, config) -> None:
         started = time.perf_counter()
         try:
-            save_round(self.state_dir, round_number=round_number, weights=weights, outer_state=outer_state,
-                       history=history, config=config)
+            save_round(self.state_dir, round_number=round_number, weights=weights,
+                       outer_state=outer.state_dict(copy=False), history=history, config=config)
         except OSError as error:  # the step is taken in memory; the next round's save will retry
             log.error("could not write the state directory for round %d (%s); a restart now would resume earlier",
                       round_number, error)

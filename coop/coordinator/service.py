@@ -400,7 +400,7 @@ class Coordinator:
         record["close_s"] = round(self.clock() - t0, 3)
         record["close_parts_s"] = {"checkpoint_wait": round(t1 - t0, 3), "aggregate": round(t2 - t1, 3),
                                    "pack": round(self.clock() - t2, 3)}
-        self.checkpointer.start(self.machine.number, self.weights, self.outer.state_dict(), self.history,
+        self.checkpointer.start(self.machine.number, self.weights, self.outer, self.history,
                                 self.config.model_dump())
         # members.json only ever from the event loop, like join and leave do: from the aggregation
         # thread it raced them (one temp file: "members.json.tmp -> members.json: no such file", a 500
