@@ -15,6 +15,8 @@ token the coordinator no longer knows joins again and carries on at the current 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import os
 import re
@@ -100,6 +102,7 @@ class Worker:
         self.train_seconds = 0.0  # in inner steps, over the rounds that counted
         self.merge_wait_seconds = 0.0  # blocked on a merge in the middle of a round (overlap)
         self.first_round_at: float | None = None
+        self.unsettled: RoundReport | None = None  # sent in the background, its answer not yet counted
         self.transport: HttpTransport | None = None
         self.last_loss: float | None = None
         self.started = time.monotonic()
@@ -213,11 +216,36 @@ class Worker:
                 self.client.token = None
                 self.join()
                 continue
-            if report is None or self._account(report):
+            if report is None:
+                self._settle()  # the last update sent in the background
+                return 0
+            if self._account(report):
                 return 0
 
     def _account(self, report: RoundReport) -> bool:
-        """Count and show one round; True when the worker should stop (run done or --max-rounds reached)."""
+        """Count and show one round; True when the worker should stop (run done or --max-rounds reached).
+        An update sent in the background (overlap) is counted once its answer came: at the next
+        round's end, by when its merge has arrived, or when the run ends."""
+        if self._settle():
+            return True
+        if report.outcome.outcome == "queued":
+            self.unsettled = report
+            return False
+        return self._count(report)
+
+    def _settle(self) -> bool:
+        """Count the update still in the background, if any; True when the worker should stop."""
+        if self.unsettled is None:
+            return False
+        report, self.unsettled = self.unsettled, None
+        try:
+            delivery = report.outcome.settled.result(timeout=600)
+        except Exception as error:  # the upload failed: the round loop has said so or will
+            self.say(f"round {report.round}: the upload did not complete ({type(error).__name__}: {error})")
+            return False
+        return self._count(dataclasses.replace(report, outcome=delivery))
+
+    def _count(self, report: RoundReport) -> bool:
         delivery = report.outcome
         if delivery.outcome == "accepted":
             self.refused_in_a_row = 0
