@@ -288,28 +288,22 @@ class Aggregator:
         return self._unflatten(robust_ops.over_chunks(rule, [u for u, _ in self._kept], scales))
 
     def _filtered_mean(self, scales: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """Two passes over the coordinates (in parallel chunks): the cosine of each clipped
-        contribution to the coordinate-wise median, then the weighted mean of those that agree
-        (coop.robust.agreeing). The median is the unweighted one: a member that claims many tokens
-        cannot pull the reference its way (its weight counts only in the mean, once it agrees);
-        float32 sorts keep a round's close fast."""
+        """The cosine of each clipped contribution to the coordinate-wise median, then the weighted
+        mean of those that agree (coop.robust.agreeing). The median is the unweighted one: a member
+        that claims many tokens cannot pull the reference its way (its weight counts only in the
+        mean, once it agrees). The median and the mean run over chunks of coordinates on every core;
+        the dot products are one BLAS call per contribution over the whole vector (float32, as the
+        sorts: a round's close must be fast, the filter needs only the cosines' order of magnitude)."""
         n = len(self._kept)
         flats = [u for u, _ in self._kept]
-
-        def similarity(stack: np.ndarray) -> np.ndarray:  # (N, chunk) -> (2N + 1,): dots, norms², reference²
-            reference = robust_ops.median(stack)
-            # einsum, not `stack @ reference`: BLAS would start its own threads inside each of ours
-            return np.concatenate([np.einsum("ns,s->n", stack, reference, dtype=np.float64),
-                                   np.einsum("ns,ns->n", stack, stack, dtype=np.float64),
-                                   [float(np.dot(reference, reference))]])
-
-        sums = robust_ops.over_chunks(similarity, flats, scales, reduce=True)
-        dots, norms2, reference2 = sums[:n], sums[n : 2 * n], sums[2 * n]
-        cosines = dots / np.sqrt(np.maximum(norms2 * reference2, 1e-300))
+        reference = robust_ops.over_chunks(robust_ops.median, flats, scales)
+        dots = np.array([float(scales[i]) * float(np.dot(f, reference)) for i, f in enumerate(flats)])
+        norms2 = (scales.astype(np.float64) * np.array(self.norms)) ** 2
+        cosines = dots / np.sqrt(np.maximum(norms2 * float(np.dot(reference, reference)), 1e-300))
         kept = robust_ops.agreeing(cosines, AGREEMENT_FRACTION)
         self.left_out = sorted(set(range(n)) - set(kept.tolist()))
-        return robust_ops.over_chunks(lambda stack: robust_ops.weighted_mean(stack, weights[kept]),
-                                      [flats[i] for i in kept], scales[kept])
+        coefficients = scales[kept].astype(np.float64) * weights[kept] / weights[kept].sum()
+        return robust_ops.weighted_sum([flats[i] for i in kept], coefficients.astype(np.float32))
 
 
 def aggregate(

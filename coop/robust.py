@@ -49,6 +49,23 @@ def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[np.nda
     return out
 
 
+def weighted_sum(flats: Sequence[np.ndarray], coefficients: np.ndarray) -> np.ndarray:
+    """sum_i c_i x_i over N flat float32 vectors, in float32, one chunk of coordinates at a time on
+    every core (no (N, size) stack is made)."""
+    size = flats[0].size
+    out = np.empty(size, dtype=np.float32)
+
+    def one(start: int) -> None:
+        stop = min(start + CHUNK, size)
+        acc = out[start:stop]
+        np.multiply(flats[0][start:stop], coefficients[0], out=acc)
+        for flat, c in zip(flats[1:], coefficients[1:]):
+            acc += flat[start:stop] * c
+
+    parallel_map(one, range(0, size, CHUNK), size * len(flats))
+    return out
+
+
 def weighted_mean(stack: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """stack (N, size), weights (N,) -> (size,) float64."""
     return np.einsum("n,ns->s", weights, stack, dtype=np.float64) / weights.sum()
