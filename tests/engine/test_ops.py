@@ -274,13 +274,21 @@ def test_fused_attention_matches_torch():
                         _causal_torch, [(2, 3, 6, 8), (2, 3, 6, 8), (2, 3, 6, 8)])
 
 
-def test_autocast_is_cuda_only_and_leaves_cpu_alone():
-    with pytest.raises(ValueError, match="cuda"):
-        engine.autocast("cpu")
+def test_autocast_per_device_type_cuda_leaves_cpu_alone():
+    with pytest.raises(ValueError, match="'cuda' or 'cpu'"):
+        engine.autocast("mps")
+    with pytest.raises(ValueError, match="bfloat16"):
+        engine.autocast("cpu", dtype=engine.float16)
     x = engine.randn(2, 3)
     lin = engine.nn.Linear(3, 4)
-    assert not engine.is_autocast_enabled()
+    assert not engine.is_autocast_enabled() and not engine.is_autocast_enabled("cpu")
     with engine.autocast("cuda", dtype=engine.bfloat16):
-        assert engine.get_autocast_dtype("cuda") == engine.bfloat16
+        assert engine.get_autocast_dtype("cuda") == engine.bfloat16 and engine.get_autocast_dtype("cpu") is None
         y = lin(x)  # CPU tensors: float32 as before
     assert y.dtype == engine.float32 and not engine.is_autocast_enabled()
+    with engine.autocast("cpu"):
+        assert engine.get_autocast_dtype("cpu") == engine.bfloat16 and not engine.is_autocast_enabled("cuda")
+        assert lin(x).dtype == engine.bfloat16
+        with engine.autocast("cpu", enabled=False):
+            assert lin(x).dtype == engine.float32
+    assert not engine.is_autocast_enabled("cpu")
