@@ -174,7 +174,8 @@ def _default_dtype_for(data, arr: np.ndarray) -> DType:
         return dtypes.int64
     if arr.dtype.kind == "b":
         return dtypes.bool_
-    raise TypeError(f"cannot make a tensor from numpy dtype {arr.dtype}")
+    raise TypeError(f"cannot make a tensor from numpy dtype {arr.dtype}: it has no engine counterpart (expected a "
+                    "float, int or bool dtype, or ml_dtypes.bfloat16; convert with arr.astype(np.float32))")
 
 
 def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:

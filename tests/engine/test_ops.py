@@ -1,8 +1,10 @@
-"""Every op, forward and backward: against finite differences (float64) and against PyTorch (float32).
+"""Every op, forward and backward: against finite differences (float64) and against PyTorch (float32,
+and bfloat16 on the CPU).
 
 Each case is one call written twice, once for engine and once for torch, on the same inputs.
 Tolerances: finite differences atol 1e-6 + rtol 1e-5 (float64); torch atol 1e-5 + rtol 1e-4 (float32)
-unless a case says otherwise."""
+unless a case says otherwise; bf16: engine's and torch's bf16 runs against torch float32 on the same
+bf16 inputs, engine's error within twice torch's plus two bf16 steps (2^-8) of the largest value."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 
 import engine
 import engine.nn.functional as F
-from op_check import check_against_torch, check_finite_differences
+from op_check import check_against_torch, check_bf16_against_torch, check_finite_differences
 
 try:
     import torch
@@ -113,6 +115,14 @@ def test_against_torch(name):
     fn, torch_fn, shapes, rng = CASES[name]
     low, high = rng or (-2.0, 2.0)
     check_against_torch(fn, torch_fn, shapes, low=low, high=high)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", IDS)
+def test_bf16_against_torch(name):
+    fn, torch_fn, shapes, rng = CASES[name]
+    low, high = rng or (-2.0, 2.0)
+    check_bf16_against_torch(fn, torch_fn, shapes, low=low, high=high)
 
 
 # ---- ops with integer inputs -----------------------------------------------------------------------
