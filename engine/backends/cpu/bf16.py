@@ -19,12 +19,16 @@ BF16 = bfloat16.numpy  # np.dtype(ml_dtypes.bfloat16)
 
 
 def is_bf16(x) -> bool:
-    """Whether x is a bf16 array or numpy scalar (Python scalars never are)."""
-    return isinstance(x, (np.ndarray, np.generic)) and x.dtype == BF16
+    """Whether x is a bf16 array or numpy scalar (Python scalars and None never are). numpy keeps one
+    dtype instance per registered dtype, so identity is the test: every float32 op asks this, cheaply."""
+    return getattr(x, "dtype", None) is BF16
 
 
 def any_bf16(*xs) -> bool:
-    return any(is_bf16(x) for x in xs)
+    for x in xs:
+        if getattr(x, "dtype", None) is BF16:
+            return True
+    return False
 
 
 def widen(x):
