@@ -16,6 +16,7 @@ Where a run starts (the coordinator; the first peer of a swarm) the directory is
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from coop.coordinator.data import prepare_data
@@ -25,6 +26,7 @@ from coop.runconfig import ConfigError, RunConfig, parse_run_config
 from coop.trained import TrainedModel
 
 SHAPE = ("vocab_size", "n_layer", "n_head", "n_embd", "block_size")
+log = logging.getLogger("coop.coordinator")
 
 
 def _with_model(config: RunConfig, model: dict) -> RunConfig:
@@ -77,4 +79,6 @@ def seed_coordinator_state(config: RunConfig, state_dir: str | Path) -> RunConfi
     # optimizer, the loss curve's starting record (the workers' round-0 val reports go there)
     save_round(state_dir, round_number=0, weights=trained.weights, outer_state=config.outer_optimizer().state_dict(),
                history=[{"round": None, "outer_steps": 0}], config=config.model_dump())
+    log.info("a new run from %s: %d parameters and %r as round 0 of %s", config.model.init_from,
+             sum(a.size for a in trained.weights.values()), trained.tokenizer, state_dir)
     return config

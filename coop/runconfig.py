@@ -416,6 +416,7 @@ n_layer = 4
 n_head = 4
 n_embd = 128
 block_size = 128
+# init_from = "gpt2-dir"  # start from a Hugging Face GPT-2 directory: its weights, shape and tokenizer
 
 [data]             # read by the coordinator, or by the swarm's first peer
 path = "default"   # a UTF-8 text file, or "default" (Python's stdlib source)

@@ -81,7 +81,9 @@ def test_a_coordinator_run_starts_from_gpt2_and_serves_its_model(tmp_path, procs
     assert coop_main(["export", str(coordinator.state_dir), str(tmp_path / "hf"), "--format", "hf"]) == 0
     exported = read_hf_dir(tmp_path / "hf")
     assert all(np.array_equal(exported.weights[n], final.weights[n]) for n in final.weights)
-    assert coop_main(["export", str(tmp_path / "final.safetensors"), str(tmp_path / "hf2")]) == 0
+    for source in (tmp_path / "final.safetensors", coordinator.state_dir / "checkpoint"):
+        assert coop_main(["export", str(source), str(tmp_path / f"hf-{source.name}")]) == 0
+        assert read_hf_dir(tmp_path / f"hf-{source.name}").config == final.config
 
     # started again with the same config, it resumes its own run: the directory is not read again
     coordinator.kill()
