@@ -10,12 +10,16 @@ import shutil
 import numpy as np
 import pytest
 
+import engine
 from coop.cli import main as coop_main
-from coop.hf import HFFormatError, read_hf_dir
+from coop.hf import HFFormatError, read_hf_dir, write_hf_dir
 from coop.hf.gpt2 import from_hf_tensors, to_hf_tensors
 from coop.init_from import load_init_from
 from coop.model_source import load_trained
 from coop.runconfig import ConfigError, parse_run_config
+from coop.trained import TrainedModel
+from coop.training import weights_of
+from engine.nn import GPT, GPTConfig
 
 from hf_models import engine_logits, hf, hf_logits, small_bpe, tiny_gpt2_dir
 
@@ -29,7 +33,19 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory, tokenizer):
+    """Made and saved by transformers (the test is skipped without it)."""
     return tiny_gpt2_dir(tmp_path_factory.mktemp("gpt2") / "tiny", tokenizer)
+
+
+@pytest.fixture(scope="module")
+def exported_dir(tmp_path_factory, tokenizer):
+    """The same shape (2 layers, 2 heads, 32 wide, 64 positions) written by coop itself: for the tests
+    of what is refused, which need no transformers."""
+    engine.manual_seed(3)
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=32))
+    path = tmp_path_factory.mktemp("exported") / "tiny"
+    write_hf_dir(TrainedModel(weights_of(model), model.config, tokenizer, "test"), path)
+    return path
 
 
 def ids_of(tokenizer, rows: int = 2, length: int = 40) -> np.ndarray:
@@ -85,8 +101,8 @@ def test_a_half_precision_gpt2_reads_as_float32(tmp_path, tokenizer):
     np.testing.assert_array_equal(trained.weights["transformer.h.1.mlp.c_fc.weight"], c_fc.T)
 
 
-def test_old_gpt2_files_without_the_prefix_and_with_mask_buffers_read(gpt2_dir):
-    trained = read_hf_dir(gpt2_dir)
+def test_old_gpt2_files_without_the_prefix_and_with_mask_buffers_read(exported_dir):
+    trained = read_hf_dir(exported_dir)
     tensors = to_hf_tensors(trained.weights, trained.config)
     old = {name.removeprefix("transformer."): array for name, array in tensors.items()}
     T = trained.config.block_size
@@ -119,7 +135,8 @@ def edited_copy(source, target, config=None, remove=()):
     ("shape", "--n-layer 3 (the model's: 2); --block-size 128 (the model's: 64)"),
     ("bias", "--no-bias (the model's: biases)"),
 ])
-def test_coop_train_refuses_what_it_cannot_start_from(gpt2_dir, tmp_path, capsys, case, expected):
+def test_coop_train_refuses_what_it_cannot_start_from(exported_dir, tmp_path, capsys, case, expected):
+    gpt2_dir = exported_dir
     source, extra = tmp_path / "gpt2", []
     if case == "missing":
         source = tmp_path / "nowhere"
@@ -146,7 +163,8 @@ def test_coop_train_refuses_what_it_cannot_start_from(gpt2_dir, tmp_path, capsys
     assert not (tmp_path / "run" / "checkpoint").exists()
 
 
-def test_a_run_config_init_from_fills_in_the_shape_and_refuses_a_disagreeing_one(gpt2_dir, tokenizer, tmp_path):
+def test_a_run_config_init_from_fills_in_the_shape_and_refuses_a_disagreeing_one(exported_dir, tokenizer, tmp_path):
+    gpt2_dir = exported_dir
     config, trained = load_init_from(parse_run_config({"model": {"init_from": str(gpt2_dir), "dropout": 0.1}}))
     model = config.model
     assert (model.n_layer, model.n_head, model.n_embd, model.block_size, model.vocab_size, model.dropout) == \
