@@ -1,4 +1,4 @@
-"""The `coop` command: `coop train`, `coop sample`, `coop simulate`, `coop swarm`, `coop info`."""
+"""The `coop` command: `coop train`, `coop sample`, `coop export`, `coop simulate`, `coop swarm`, `coop info`."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ import engine.__main__ as engine_info
 from coop import __version__
 
 # subcommand modules, each with add_parser(subparsers) that sets `run`
-SUBCOMMANDS = ["coop.train", "coop.sample", "coop.simulate", "coop.gossip.cli"]
+SUBCOMMANDS = ["coop.train", "coop.sample", "coop.export", "coop.simulate", "coop.gossip.cli"]
 
 
 def _info(args) -> int:

@@ -3,7 +3,8 @@
 AdamW with warm-up + cosine, gradient accumulation and clipping, val loss every N steps, a
 progress line, atomic checkpoints with --resume (bit-for-bit the same run as an uninterrupted
 one), and a text sample at the end. With no --data it trains on the running Python's standard
-library source, a real corpus present on every machine."""
+library source, a real corpus present on every machine. --init-from HF_DIR starts from a Hugging
+Face GPT-2 directory (coop.hf): its weights, its shape and its tokenizer."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,10 @@ from engine.nn import GPT, GPTConfig
 
 from .progress import Progress, format_duration
 from .devices import device_problem
-from .training import TrainStep, autocast_for, evaluate, make_optimizer
+from .hf import HFFormatError, read_hf_config, read_hf_dir
+from .hf.gpt2 import from_hf_config
+from .trained import ModelSourceError
+from .training import TrainStep, autocast_for, evaluate, load_weights, make_optimizer
 
 
 @dataclass
@@ -41,6 +45,9 @@ class TrainConfig:
     precision: str = "auto"  # "auto": bf16 autocast on a GPU, float32 on the CPU; or "bf16" / "fp32"
     graph: bool = True  # on a GPU, run each training step as one captured CUDA graph (engine.cuda.graphs)
     seed: int = 0
+    # a Hugging Face GPT-2 directory to start from: its weights and tokenizer; the model options
+    # below (n_layer, n_head, n_embd, block_size, bias) are then the directory's
+    init_from: str | None = None
     # model
     n_layer: int = 4
     n_head: int = 4
@@ -95,6 +102,11 @@ class TrainConfig:
 
 TOKENIZERS = ("char", "bpe")
 PRECISIONS = ("auto", "bf16", "fp32")
+MODEL_SHAPE = ("n_layer", "n_head", "n_embd", "block_size", "bias")  # with --init-from: the directory's
+
+
+def model_shape(config: GPTConfig) -> dict:
+    return {name: getattr(config, name) for name in MODEL_SHAPE}
 
 
 class Interrupt:
@@ -160,14 +172,25 @@ class Trainer:
                 raise SystemExit(f"coop train: --resume given but there is no checkpoint in {self.ckpt_path}; "
                                  "start without --resume") from None
         text = load_corpus(cfg)
-        self.tokenizer = tokenizer_from_json(state["tokenizer"]) if state else build_tokenizer(cfg, text)
+        hf = None
+        if cfg.init_from:  # the shape comes from the directory (or, resuming, from the checkpoint)
+            saved_shape = GPTConfig.from_dict(state["model_config"]) if state else None
+            hf = None if state else read_hf_dir(cfg.init_from, cfg.dropout)
+            self.cfg = cfg = replace(cfg, **model_shape(saved_shape or hf.config))
+        if state:
+            self.tokenizer = tokenizer_from_json(state["tokenizer"])
+        else:
+            self.tokenizer = hf.tokenizer if hf else build_tokenizer(cfg, text)
         data = encode_corpus_in_memory(text, self.tokenizer)
         if len(data) < 2 * (cfg.block_size + 1) / max(cfg.val_fraction, 1e-9):
             raise SystemExit(f"coop train: the corpus has only {len(data)} tokens, too few for block size "
                              f"{cfg.block_size}; give more text or a smaller --block-size")
         self.train_data, self.val_data = data.split(cfg.val_fraction)
 
-        model_cfg = GPTConfig(vocab_size=self.tokenizer.vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer,
+        vocab = self.tokenizer.vocab_size
+        if cfg.init_from:  # GPT-2's vocabulary may be padded beyond its tokenizer's
+            vocab = GPTConfig.from_dict(state["model_config"]).vocab_size if state else hf.config.vocab_size
+        model_cfg = GPTConfig(vocab_size=vocab, block_size=cfg.block_size, n_layer=cfg.n_layer,
                               n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout, bias=cfg.bias)
         if state:
             saved = GPTConfig.from_dict(state["model_config"])
@@ -176,6 +199,10 @@ class Trainer:
                                  f"{model_cfg}; resume with the same model options")
         engine.manual_seed(cfg.seed)
         self.model = GPT(model_cfg).to(cfg.device)
+        if hf:
+            load_weights(self.model, hf.weights)
+            self.log(f"initialised from {cfg.init_from} (GPT-2: {cfg.n_layer} layers, {cfg.n_embd} wide, "
+                     f"vocab {vocab}, {self.tokenizer!r})")
         self.optimizer = make_optimizer(self.model, "adamw", cfg.lr, cfg.weight_decay, (0.9, cfg.beta2))
         self.rng = np.random.default_rng(cfg.seed)
         step = 0
@@ -289,19 +316,25 @@ def add_parser(subparsers) -> None:
     defaults = TrainConfig()
     p.add_argument("--data", nargs="+", help="text file(s) to train on (default: Python's standard library source)")
     for f in fields(TrainConfig):
-        if f.name in ("data", "resume", "quiet", "graph", "eval_train", "bias"):
+        if f.name in ("data", "resume", "quiet", "graph", "eval_train", "bias", "init_from"):
             continue
         flag = "--" + f.name.replace("_", "-")
         choices = {"tokenizer": TOKENIZERS, "precision": PRECISIONS}.get(f.name)
         notes = {"eval_every": "steps between evaluations, 0: only at the end",
                  "checkpoint_every": "steps between checkpoints, 0: only at the end"}
-        p.add_argument(flag, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name), choices=choices,
-                       help=f"{notes.get(f.name, '')} (default: {getattr(defaults, f.name)})".lstrip())
+        default = getattr(defaults, f.name)
+        shape = f.name in MODEL_SHAPE  # None: not given (with --init-from, the directory's)
+        from_model = "; with --init-from: the model's" if shape else ""
+        p.add_argument(flag, type=type(default), default=None if shape else default, choices=choices,
+                       help=f"{notes.get(f.name, '')} (default: {default}{from_model})".lstrip())
     p.add_argument("--eval-train", action=argparse.BooleanOptionalAction, default=defaults.eval_train,
                    help="also measure the train split at each evaluation (default: on)")
-    p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=defaults.bias,
+    p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
                    help="biases in the Linear and LayerNorm layers (default: on; nanoGPT's shakespeare_char "
                         "recipe trains without: --no-bias)")
+    p.add_argument("--init-from", metavar="HF_DIR", default=None,
+                   help="start from a Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer.json): "
+                        "its weights, its shape and its tokenizer, which the corpus is then tokenized with")
     p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=defaults.graph,
                    help="on a GPU, replay each training step as one captured CUDA graph (default: on; "
                         "--no-graph runs every op from Python)")
@@ -310,16 +343,36 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
+def shape_disagreements(init_from: str, given: dict) -> list[str]:
+    """The model options given on the command line that differ from the directory's (HFFormatError if unreadable)."""
+    shape = model_shape(from_hf_config(read_hf_config(init_from))[0])
+    bad = []
+    for name, value in given.items():
+        if value != shape[name]:
+            flag = ("--bias" if value else "--no-bias") if name == "bias" else f"--{name.replace('_', '-')} {value}"
+            bad.append(f"{flag} (the model's: {'biases' if name == 'bias' else shape[name]})")
+    return bad
+
+
 def run(args) -> int:
+    given = {name: getattr(args, name) for name in MODEL_SHAPE if getattr(args, name) is not None}
+    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
+    values.update({name: given.get(name, getattr(TrainConfig(), name)) for name in MODEL_SHAPE})
     try:
-        cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+        cfg = TrainConfig(**values)
     except ValueError as error:
         print(f"coop train: {error}", file=sys.stderr)
         return 2
     if problem := device_problem("coop train", cfg.device):
         print(problem, file=sys.stderr)
         return 2
-    train(cfg)
+    try:
+        if cfg.init_from and (bad := shape_disagreements(cfg.init_from, given)):
+            raise HFFormatError(f"{'; '.join(bad)}; leave these options out, the shape comes from the directory")
+        train(cfg)
+    except (HFFormatError, ModelSourceError) as error:
+        print(f"coop train: --init-from {cfg.init_from}: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -50,6 +50,8 @@ def add_shared_options(parser: argparse.ArgumentParser) -> None:
     peer.add_argument("--peer-id", default=None, help="refuse to start unless the key's id is this")
     peer.add_argument("--linger", type=float, default=0.0,
                       help="after the last round, keep serving status and weights this many seconds (default: 0)")
+    peer.add_argument("--out", default=None, metavar="DIR",
+                      help="write the final model to DIR/model.safetensors (default: runs/peer-<peer id>)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,6 +13,7 @@
     POST /v1/heartbeat              "still here"; returns the round info
     POST /v1/leave                  the worker leaves the run
     GET  /v1/status                 the run as JSON (rounds, workers, history)
+    GET  /v1/model                  the global model as one model file (binary; model_download.py)
     GET  /metrics                   Prometheus metrics (no auth)
     GET  /                          status page: HTML with SVG charts (no auth)
 
@@ -38,6 +39,7 @@ from coop import __version__
 
 from .evaluation import EvalReport
 from .members import WorkerRecord, retry_after_header
+from .model_download import ModelDownload
 from .page import render_page
 from .service import Coordinator
 from .updates import RequestError
@@ -385,6 +387,21 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         """The run: round, phase, workers, totals and the per-round history."""
         c.check_status_access(_bearer(request))
         return c.status()
+
+    model_download = ModelDownload(c.state_dir)
+
+    @app.get("/v1/model", response_class=Response,
+             responses={**responses(401), 200: binary("the global model as a model file (safetensors)")})
+    async def model(request: Request) -> Response:
+        """The global model after the last closed round, as one model file: safetensors tensors with
+        the model config and the tokenizer in its metadata (coop.trained). Save it and pass it to
+        `coop sample FILE` or `coop export FILE OUT_DIR --format hf`. Needs the run token or a worker token."""
+        c.check_status_access(_bearer(request))
+        round_number, body = await model_download.body(c.machine.number)
+        c.count_download(None, len(body), "model")
+        return Response(body, media_type=OCTET, headers={
+            "X-Coop-Round": str(round_number),
+            "Content-Disposition": f'attachment; filename="model-r{round_number}.safetensors"'})
 
     @app.get("/metrics", response_class=Response,
              responses={200: {"description": "Prometheus text exposition format",

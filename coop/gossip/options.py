@@ -25,6 +25,8 @@ def add_peer_options(parser: argparse.ArgumentParser, default_port: int | None) 
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.add_argument("--linger", type=float, default=0.0, help="after the last round, leave the swarm but keep "
                         "serving status and weights for this many seconds")
+    parser.add_argument("--out", default=None, metavar="DIR", help="write the final model here, as DIR/model.safetensors "
+                        "(for `coop sample` and `coop export`; default: runs/peer-<peer id>)")
     add_link_options(parser)
 
 
