@@ -34,8 +34,9 @@ def nice_step(span: float, max_ticks: int = 5, integer: bool = False) -> float:
 
 
 def _decimals(step: float) -> int:
-    """Decimals that tell ticks `step` apart: 0.05 -> 2, 0.2 -> 1, 5 -> 0."""
-    return max(0, -math.floor(math.log10(step) + 1e-9)) if step < 1 else 0
+    """The fewest decimals that write `step` exactly, so that ticks `step` apart read apart:
+    0.05 -> 2, 0.2 -> 1, 2.5 -> 1, 5 -> 0."""
+    return next((d for d in range(12) if abs(round(step, d) - step) <= 1e-9 * abs(step)), 12)
 
 
 def tick_labels(values: list[float], step: float) -> list[str]:
@@ -52,18 +53,17 @@ def y_axis(values: list[float], *, include_zero: bool = False, min_span: float =
     lo, hi = min(values), max(values)
     if include_zero:
         lo, hi = min(lo, 0.0), max(hi, 0.0)
-    span = max(hi - lo, min_span, 1.0 if integer else 0.0)
-    if span <= 0:  # one value and no minimum: a span of 10% of it (or 1 around 0)
-        span = abs(hi) * 0.1 or 1.0
+    span = (hi - lo) or abs(hi) * 0.1 or 1.0  # one value: 10% of it (or 1 around 0)
+    span = max(span, min_span, 1.0 if integer else 0.0, 1e-9)  # 1e-9: finer than anything plotted here
     if hi - lo < span:  # widen around the middle, never below 0 for data that is not
         middle = (lo + hi) / 2
         lo, hi = middle - span / 2, middle + span / 2
         if min(values) >= 0 > lo:
             lo, hi = 0.0, hi - lo
     step = nice_step(hi - lo, max_ticks, integer)
-    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
-    if last == first:
-        last += 1
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)  # 0.3 / 0.1 = 2.9999999999999996
+    first -= first * step > lo  # ... but never an axis that misses the data
+    last += last * step < hi or last == first
     ticks = [_clean(k * step, step) for k in range(first, last + 1)]
     return ticks[0], ticks[-1], ticks
 
