@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from coop.exposition import CONTENT_TYPE, render, server_registry
+from coop.gossip.node import PeerState
 
 PHASES = ("starting", "waiting", "training", "exchanging", "done", "stopped")
 
@@ -22,7 +23,7 @@ def _value(x: float | None) -> float:
 class PeerCollector:
     """Collects from a `coop.gossip.node.PeerState` (under its lock) at every scrape."""
 
-    def __init__(self, node) -> None:
+    def __init__(self, node: PeerState) -> None:
         self.node = node
 
     def collect(self) -> Iterator[Metric]:
@@ -63,7 +64,7 @@ class PeerCollector:
 class PeerMetrics:
     content_type = CONTENT_TYPE
 
-    def __init__(self, node) -> None:
+    def __init__(self, node: PeerState) -> None:
         self.registry = server_registry()
         self.registry.register(PeerCollector(node))  # no describe(): nothing is read until a scrape
 
