@@ -270,6 +270,7 @@ class PeerNode(PeerState):
                              val_loss=val_loss, consensus_distance=cd, partners=partners, received_from=received,
                              seconds=time.perf_counter() - started)
         with self.cond:
+            record.bytes_sent, record.bytes_received = self.bytes_sent, self.bytes_received
             self.history = (self.history + [record])[-HISTORY:]
             self.last_loss = record.loss
             self.last_val = val_loss if val_loss is not None else self.last_val
