@@ -33,7 +33,9 @@ class CoordinatorMetrics:
                                     ["result"], registry=r)
         self.round_seconds = Histogram("coop_round_duration_seconds", "From a round's opening to its close", registry=r,
                                        buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600))
-        self.aggregate_seconds = Histogram("coop_aggregate_seconds", "A round's close: aggregation, outer step, packing the weights (the checkpoint is written after)",
+        self.aggregate_seconds = Histogram("coop_aggregate_seconds",
+                                           "A round's close: aggregation, outer step, packing the weights "
+                                           "(the checkpoint is written after)",
                                            registry=r, buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
 
     def render(self) -> bytes:
