@@ -14,10 +14,13 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import ConfigDict, Field, field_validator
+from pydantic.dataclasses import dataclass
 
 import engine
 from engine.checkpoint import CheckpointNotFoundError, load_checkpoint, save_checkpoint
@@ -26,83 +29,74 @@ from engine.data import (BPETokenizer, CharTokenizer, default_corpus, encode_cor
 from engine.nn import GPT, GPTConfig
 
 from .progress import Progress, format_duration
-from .devices import device_problem
+from .devices import DEVICE_HELP, describe_device, resolve_device
 from .hf import HFFormatError, read_hf_config, read_hf_dir
 from .hf.gpt2 import from_hf_config
+from .options import OptionsError, build_options, given_options, read_options_file
 from .trained import ModelSourceError
 from .training import TrainStep, autocast_for, evaluate, load_weights, make_optimizer
-
-
-@dataclass
-class TrainConfig:
-    data: list[str] | None = None  # text files; None = the embedded default corpus
-    default_corpus_chars: int = 2_000_000
-    tokenizer: str = "char"  # "char" or "bpe"
-    vocab_size: int = 2048  # for bpe
-    out: str = "runs/train"
-    resume: bool = False
-    device: str = "cpu"
-    precision: str = "auto"  # "auto": bf16 autocast on a GPU, float32 on the CPU; or "bf16" / "fp32"
-    graph: bool = True  # on a GPU, run each training step as one captured CUDA graph (engine.cuda.graphs)
-    seed: int = 0
-    # a Hugging Face GPT-2 directory to start from: its weights and tokenizer; the model options
-    # below (n_layer, n_head, n_embd, block_size, bias) are then the directory's
-    init_from: str | None = None
-    # model
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 128
-    dropout: float = 0.0
-    bias: bool = True  # biases in the Linear and LayerNorm layers (nanoGPT's shakespeare_char: --no-bias)
-    # optimisation
-    batch_size: int = 16
-    grad_accum: int = 1
-    max_steps: int = 500
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 50
-    weight_decay: float = 0.1
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    # evaluation and output
-    val_fraction: float = 0.1
-    eval_every: int = 100
-    eval_batches: int = 10
-    eval_train: bool = True  # also measure the train split at each evaluation (--no-eval-train: val only)
-    checkpoint_every: int = 100
-    log_every: int = 10
-    sample_tokens: int = 300
-    quiet: bool = False
-
-    def __post_init__(self) -> None:
-        """Every option checked before any work, each violation named with what is expected."""
-        checks = [
-            ("tokenizer", self.tokenizer in TOKENIZERS, " or ".join(TOKENIZERS)),
-            ("precision", self.precision in PRECISIONS, " | ".join(PRECISIONS)),
-            ("vocab-size", self.vocab_size >= 2, "at least 2"),
-            ("default-corpus-chars", self.default_corpus_chars >= 1, "at least 1"),
-            *((name, getattr(self, name.replace("-", "_")) >= 1, "at least 1") for name in
-              ("n-layer", "n-head", "n-embd", "block-size", "batch-size", "grad-accum", "max-steps", "eval-batches",
-               "log-every")),
-            ("n-embd", self.n_embd % max(1, self.n_head) == 0, f"a multiple of --n-head {self.n_head}"),
-            ("eval-every", self.eval_every >= 0, "0 (only at the end) or more"),
-            ("checkpoint-every", self.checkpoint_every >= 0, "0 (only at the end) or more"),
-            ("sample-tokens", self.sample_tokens >= 0, "0 (no sample) or more"),
-            ("lr", self.lr > 0, "more than 0"), ("min-lr", 0 <= self.min_lr, "0 or more"),
-            ("warmup-steps", self.warmup_steps >= 0, "0 or more"), ("weight-decay", self.weight_decay >= 0, "0 or more"),
-            ("beta2", 0 <= self.beta2 < 1, "in [0, 1)"), ("grad-clip", self.grad_clip >= 0, "0 (off) or more"),
-            ("dropout", 0 <= self.dropout < 1, "in [0, 1)"), ("val-fraction", 0 < self.val_fraction < 1, "in (0, 1)"),
-        ]
-        bad = [f"--{name} {getattr(self, name.replace('-', '_'))!r} (expected {expected})"
-               for name, ok, expected in checks if not ok]
-        if bad:
-            raise ValueError(f"bad option(s): {'; '.join(bad)}")
 
 
 TOKENIZERS = ("char", "bpe")
 PRECISIONS = ("auto", "bf16", "fp32")
 MODEL_SHAPE = ("n_layer", "n_head", "n_embd", "block_size", "bias")  # with --init-from: the directory's
+AtLeast1 = Annotated[int, Field(ge=1)]
+AtLeast0 = Annotated[int, Field(ge=0)]
+
+
+@dataclass(config=ConfigDict(extra="forbid"))
+class TrainConfig:
+    """Every option of `coop train`, checked (pydantic) before any work: a bad value raises a
+    ValueError that names it; `coop train` prints it as one line and exits 2 (coop.options)."""
+
+    data: list[str] | None = None  # text files; None = the embedded default corpus
+    default_corpus_chars: AtLeast1 = 2_000_000
+    tokenizer: Literal["char", "bpe"] = "char"
+    vocab_size: Annotated[int, Field(ge=2)] = 2048  # for bpe
+    out: str = "runs/train"
+    resume: bool = False
+    device: Annotated[str, Field(validate_default=True)] = "auto"  # auto: cuda when a GPU is seen, else cpu
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # "auto": bf16 autocast on a GPU, float32 on the CPU
+    graph: bool = True  # on a GPU, run each training step as one captured CUDA graph (engine.cuda.graphs)
+    seed: Annotated[int, Field(ge=0, lt=2**32)] = 0
+    # a Hugging Face GPT-2 directory to start from: its weights and tokenizer; the model options
+    # below (n_layer, n_head, n_embd, block_size, bias) are then the directory's
+    init_from: str | None = None
+    # model
+    n_layer: AtLeast1 = 4
+    n_head: AtLeast1 = 4
+    n_embd: AtLeast1 = 128
+    block_size: AtLeast1 = 128
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    bias: bool = True  # biases in the Linear and LayerNorm layers (nanoGPT's shakespeare_char: --no-bias)
+    # optimisation
+    batch_size: AtLeast1 = 16
+    grad_accum: AtLeast1 = 1
+    max_steps: AtLeast1 = 500
+    lr: Annotated[float, Field(gt=0)] = 1e-3
+    min_lr: Annotated[float, Field(ge=0)] = 1e-4
+    warmup_steps: AtLeast0 = 50
+    weight_decay: Annotated[float, Field(ge=0)] = 0.1
+    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.95
+    grad_clip: Annotated[float, Field(ge=0)] = 1.0  # 0: off
+    # evaluation and output
+    val_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    eval_every: AtLeast0 = 100  # 0: only at the end
+    eval_batches: AtLeast1 = 10
+    eval_train: bool = True  # also measure the train split at each evaluation (--no-eval-train: val only)
+    checkpoint_every: AtLeast0 = 100  # 0: only at the end
+    log_every: AtLeast1 = 10
+    sample_tokens: AtLeast0 = 300  # 0: no sample
+    quiet: bool = False
+
+    @field_validator("device")
+    @classmethod
+    def _real_device(cls, device: str) -> str:
+        return resolve_device(device)
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"--n-embd {self.n_embd} must be a multiple of --n-head {self.n_head}")
 
 
 def model_shape(config: GPTConfig) -> dict:
@@ -263,8 +257,9 @@ def train(cfg: TrainConfig, log=print) -> dict:
     t.out.mkdir(parents=True, exist_ok=True)
     n_params = t.model.num_parameters()
     tokens_per_step = cfg.batch_size * cfg.block_size * cfg.grad_accum
-    log(f"model: {n_params / 1e6:.2f}M parameters, vocab {t.tokenizer.vocab_size}, device {cfg.device}; "
-        f"data: {len(t.train_data):,} train / {len(t.val_data):,} val tokens; {tokens_per_step:,} tokens per step")
+    log(f"model: {n_params / 1e6:.2f}M parameters, vocab {t.tokenizer.vocab_size}, "
+        f"device {describe_device(cfg.device)}; data: {len(t.train_data):,} train / {len(t.val_data):,} val tokens; "
+        f"{tokens_per_step:,} tokens per step")
     progress = Progress(total=cfg.max_steps, start=t.step, quiet=cfg.quiet)
     pending = []  # losses not yet read back: one host sync per log line, not per step
     start = time.perf_counter()
@@ -311,31 +306,37 @@ def train(cfg: TrainConfig, log=print) -> dict:
 
 
 def add_parser(subparsers) -> None:
+    # default SUPPRESS: a flag not given is absent from args, so --config's value (or the field's default) stands
     p = subparsers.add_parser("train", help="train a GPT on a text corpus in this process",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = TrainConfig()
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              argument_default=argparse.SUPPRESS)
+    p.add_argument("--config", metavar="FILE", help="a TOML file of these options (max_steps = 100, ...); "
+                   "the flags given override it")
     p.add_argument("--data", nargs="+", help="text file(s) to train on (default: Python's standard library source)")
+    notes = {"eval_every": "steps between evaluations, 0: only at the end",
+             "checkpoint_every": "steps between checkpoints, 0: only at the end",
+             "log_every": "steps between progress lines", "sample_tokens": "tokens sampled at the end, 0: none",
+             "precision": "auto: bf16 autocast on a GPU, fp32 on the CPU"}
     for f in fields(TrainConfig):
         if f.name in ("data", "resume", "quiet", "graph", "eval_train", "bias", "init_from"):
             continue
         flag = "--" + f.name.replace("_", "-")
+        if f.name == "device":
+            p.add_argument(flag, metavar="DEVICE", help=DEVICE_HELP)
+            continue
         choices = {"tokenizer": TOKENIZERS, "precision": PRECISIONS}.get(f.name)
-        notes = {"eval_every": "steps between evaluations, 0: only at the end",
-                 "checkpoint_every": "steps between checkpoints, 0: only at the end"}
-        default = getattr(defaults, f.name)
-        shape = f.name in MODEL_SHAPE  # None: not given (with --init-from, the directory's)
-        from_model = "; with --init-from: the model's" if shape else ""
-        p.add_argument(flag, type=type(default), default=None if shape else default, choices=choices,
-                       help=f"{notes.get(f.name, '')} (default: {default}{from_model})".lstrip())
-    p.add_argument("--eval-train", action=argparse.BooleanOptionalAction, default=defaults.eval_train,
+        from_model = "; with --init-from: the model's" if f.name in MODEL_SHAPE else ""
+        p.add_argument(flag, type=type(f.default), choices=choices,
+                       help=f"{notes.get(f.name, '')} (default: {f.default}{from_model})".lstrip())
+    p.add_argument("--eval-train", action=argparse.BooleanOptionalAction,
                    help="also measure the train split at each evaluation (default: on)")
-    p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
+    p.add_argument("--bias", action=argparse.BooleanOptionalAction,
                    help="biases in the Linear and LayerNorm layers (default: on; nanoGPT's shakespeare_char "
                         "recipe trains without: --no-bias)")
-    p.add_argument("--init-from", metavar="HF_DIR", default=None,
+    p.add_argument("--init-from", metavar="HF_DIR",
                    help="start from a Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer.json): "
                         "its weights, its shape and its tokenizer, which the corpus is then tokenized with")
-    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=defaults.graph,
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction,
                    help="on a GPU, replay each training step as one captured CUDA graph (default: on; "
                         "--no-graph runs every op from Python)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
@@ -355,19 +356,17 @@ def shape_disagreements(init_from: str, given: dict) -> list[str]:
 
 
 def run(args) -> int:
-    given = {name: getattr(args, name) for name in MODEL_SHAPE if getattr(args, name) is not None}
-    values = {f.name: getattr(args, f.name) for f in fields(TrainConfig)}
-    values.update({name: given.get(name, getattr(TrainConfig(), name)) for name in MODEL_SHAPE})
+    given, config_file = given_options(args, TrainConfig), getattr(args, "config", None)
     try:
-        cfg = TrainConfig(**values)
-    except ValueError as error:
+        cfg = build_options(TrainConfig, given, config_file)
+    except OptionsError as error:
         print(f"coop train: {error}", file=sys.stderr)
         return 2
-    if problem := device_problem("coop train", cfg.device):
-        print(problem, file=sys.stderr)
-        return 2
+    # the model options given (flags, or the file) must agree with --init-from's directory
+    chosen = {**(read_options_file(config_file, TrainConfig) if config_file else {}), **given}
+    shape_given = {name: chosen[name] for name in MODEL_SHAPE if name in chosen}
     try:
-        if cfg.init_from and (bad := shape_disagreements(cfg.init_from, given)):
+        if cfg.init_from and (bad := shape_disagreements(cfg.init_from, shape_given)):
             raise HFFormatError(f"{'; '.join(bad)}; leave these options out, the shape comes from the directory")
         train(cfg)
     except (HFFormatError, ModelSourceError) as error:

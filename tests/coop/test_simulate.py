@@ -158,9 +158,11 @@ def test_cli_writes_jsonl_plot_and_table(tmp_path, capsys):
 
 
 def test_cli_refuses_bad_options_and_missing_gossip(tmp_path, monkeypatch, capsys):
-    assert coop_main(["simulate", "--split", "random", "--out", str(tmp_path)]) == 2
-    assert "--split 'random'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse's choices: one line, exit 2
+        coop_main(["simulate", "--split", "random", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and "invalid choice: 'random'" in capsys.readouterr().err
     assert coop_main(["simulate", "--join-at", "9:1", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "coop simulate: --join-at '9:1': replica must be in [0, 4), round >= 0"
     monkeypatch.setitem(sys.modules, "coop.gossip.merge", None)  # as if it were not written yet
     with pytest.raises(SystemExit, match="needs coop.gossip.merge"):
         coop_main(["simulate", "--topology", "gossip", "--out", str(tmp_path)])
