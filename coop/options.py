@@ -53,31 +53,28 @@ def read_options_file(path: str | Path, config_cls: type) -> dict[str, Any]:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise OptionsError(f"--config {path} is not valid TOML: {error}") from None
-    known = {f.name: f for f in fields(config_cls)}
+    known = typing.get_type_hints(config_cls)  # name -> type, Annotated[...] stripped
     values = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
+        if isinstance(value, dict):
+            raise OptionsError(f"--config {path}: [{key}] is a table, but this file is flat (key = value, the "
+                               "command's long options); a run config ([model], [inner], ...) is for "
+                               "coop-coordinator serve and coop swarm start")
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise OptionsError(f"--config {path}: unknown key {key!r}{hint}; the keys are this command's long "
                                "options, e.g. max_steps = 100")
-        if isinstance(value, dict):
-            raise OptionsError(f"--config {path}: {key} is a table; expected a value (the file is flat: key = value)")
-        if isinstance(value, str) and typing.get_origin(_list_part(known[name].type)) is list:
+        if isinstance(value, str) and _takes_a_list(known[name]):
             value = [value]  # data = "input.txt" for data = ["input.txt"]
         values[name] = value
     return values
 
 
-def _list_part(annotation: Any) -> Any:
-    """list[str] out of `list[str] | None` (a field's type may be either)."""
-    if isinstance(annotation, str):  # postponed annotations: only the list-ness matters here
-        return list if annotation.startswith("list[") else annotation
-    for part in typing.get_args(annotation) or (annotation,):
-        if typing.get_origin(part) is list:
-            return part
-    return annotation
+def _takes_a_list(annotation: Any) -> bool:
+    """Whether a field's type is list[...] or list[...] | None."""
+    return typing.get_origin(annotation) is list or any(typing.get_origin(p) is list for p in typing.get_args(annotation))
 
 
 def given_options(args: argparse.Namespace, config_cls: type) -> dict[str, Any]:
