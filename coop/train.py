@@ -289,6 +289,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 progress.note(f"step {t.step}: {train_part}val loss {ev['val']:.4f}")
             if every(t.step, cfg.checkpoint_every) or last:
                 t.save()
+    progress.close()
     elapsed = time.perf_counter() - start
     final = t.history[-1] if t.history else t.evaluate()
     best = min(t.history, key=lambda r: r["val_loss"]) if t.history else {"step": t.step, "val_loss": final["val"]}

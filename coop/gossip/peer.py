@@ -241,7 +241,9 @@ class PeerNode(PeerState):
     def run(self) -> None:
         """The round loop (coop.round) over the gossip transport, until the last round or a stop."""
         rounds = self.config.rounds
-        progress = Progress(total=rounds.max_rounds, start=self.round, quiet=self.quiet)
+        progress = Progress(total=rounds.max_rounds, start=self.round, quiet=self.quiet, unit="round",
+                            steps_per_point=self.config.round_steps)
+        self.replica.step_callback = progress.step  # the line moves within a round too
         if rounds.eval_every:  # the starting point, so that "the loss fell" can be read off the status
             self.initial_val = self.replica.evaluate_weights(self.global_weights, self.val_data, rounds.eval_batches)
         loop = RoundLoop(self.replica, self.codec, GossipTransport(self), self.config.round_steps)

@@ -113,3 +113,17 @@ def test_help_lists_the_choices_and_the_config_option():
     assert "auto (cuda when" in train_help
     simulate_help = coop("simulate", "-h").stdout
     assert "{iid,contiguous,whole}" in simulate_help and "--config FILE" in simulate_help
+
+
+def test_workers_and_peers_take_device_auto_and_refuse_a_bad_device_in_one_line():
+    import engine
+    worker = [sys.executable, "-m", "coop.worker_cli", "join", "http://127.0.0.1:9", "--retry-for", "0"]
+    result = subprocess.run([*worker, "--device", "tpu"], capture_output=True, text=True, timeout=60)
+    assert_refused_in_one_line(result, "coop-worker join: ", "--device", "'tpu'")
+    if not engine.cuda.is_available():
+        result = subprocess.run([*worker, "--device", "cuda"], capture_output=True, text=True, timeout=60)
+        assert_refused_in_one_line(result, "coop-worker join: ", "CUDA is not available")
+    result = subprocess.run(worker, capture_output=True, text=True, timeout=60)  # auto, then nobody at the URL
+    chosen = "cuda:0" if engine.cuda.is_available() else "cpu (no GPU"
+    assert result.stderr.startswith(f"coop-worker: device {chosen}") and "cannot reach" in result.stderr, result.stderr
+    assert_refused_in_one_line(coop("swarm", "start", "--device", "cuda:x"), "coop swarm start: ", "'cuda:x'")
