@@ -146,7 +146,10 @@ def with_steps(cfg: sim.SimulateConfig, steps: int | None, **overrides) -> sim.S
 
 def plot(jsonl: str, out: str) -> None:
     """Gap to DDP against fewer bytes than DDP, one point per DiLoCo run, one colour per setting."""
-    import matplotlib  # only the plot needs it
+    try:
+        import matplotlib  # only the plot needs it (optional: coop[plot])
+    except ModuleNotFoundError:
+        raise SystemExit("the plot needs matplotlib: pip install 'coop[plot]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

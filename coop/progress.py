@@ -83,7 +83,7 @@ class Progress:
         now = time.perf_counter()
         rate = self.inner_tokens / max(now - self.t_inner, 1e-9)
         of = f"/{self.steps_per_point}" if self.steps_per_point else ""
-        inner = f"{self.unit} {self.done + 1}: step {self.inner_steps}{of}  {rate:,.0f} tok/s"
+        inner = f"{self.unit} {self.done}: step {self.inner_steps}{of}  {rate:,.0f} tok/s"
         if self.bar is not None:
             last = f"  | last {self.message}" if self.message else ""
             self.bar.set_postfix_str(inner.split(": ", 1)[1] + last, refresh=False)

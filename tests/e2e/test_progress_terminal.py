@@ -62,7 +62,7 @@ def test_written_to_a_file_it_is_plain_lines():
     progress.note("done")
     lines = out.getvalue().splitlines()
     assert "\r" not in out.getvalue() and not ANSI.search(out.getvalue())
-    assert lines[0].startswith("[0/4] round 1: step 1/3") and lines[3].startswith("[1/4] round 0  loss 2.0")
+    assert lines[0].startswith("[0/4] round 0: step 1/3") and lines[3].startswith("[1/4] round 0  loss 2.0")
     assert "ETA" in lines[3] and lines[-1] == "done"
     quiet = io.StringIO()
     Progress(total=4, stream=quiet, quiet=True).update(1, "x")
