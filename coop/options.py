@@ -33,6 +33,15 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (`{self.prog} -h` lists the options)\n")
 
 
+def existing_files(names: list[str] | None) -> list[str] | None:
+    """A `data` field's check: every name is a file here (None: the embedded default corpus)."""
+    missing = [name for name in names or [] if not Path(name).is_file()]
+    if missing:
+        raise ValueError(f"no such file: {missing[0]} (give UTF-8 text files, or leave --data out for the "
+                         "embedded corpus)")
+    return names
+
+
 class OptionsError(ValueError):
     """Options that cannot be used; the message is the one line to print."""
 

@@ -67,6 +67,8 @@ class Progress:
             self.bar.set_description_str(self._count(done), refresh=False)
             self.bar.set_postfix_str(f"{message}  {rate:,.0f} tok/s", refresh=False)
             self._move_to(done, force=True)
+            if done >= self.total:  # the last point: the line stays as it is (another run may draw its own)
+                self.close()
             return
         per_item = (now - self.t0) / max(done - self.done0, 1)
         eta = per_item * (self.total - done)

@@ -32,7 +32,7 @@ from .progress import Progress, format_duration
 from .devices import DEVICE_HELP, describe_device, resolve_device
 from .hf import HFFormatError, read_hf_config, read_hf_dir
 from .hf.gpt2 import from_hf_config
-from .options import OptionsError, build_options, given_options, read_options_file
+from .options import OptionsError, build_options, existing_files, given_options, read_options_file
 from .trained import ModelSourceError
 from .training import TrainStep, autocast_for, evaluate, load_weights, make_optimizer
 
@@ -93,6 +93,8 @@ class TrainConfig:
     @classmethod
     def _real_device(cls, device: str) -> str:
         return resolve_device(device)
+
+    _data_files = field_validator("data")(existing_files)
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:

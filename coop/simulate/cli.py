@@ -6,7 +6,7 @@ import sys
 import time
 import types
 import typing
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from ..devices import DEVICE_HELP, describe_device
@@ -70,11 +70,10 @@ def add_parser(subparsers) -> None:
                               argument_default=argparse.SUPPRESS)
     p.add_argument("--config", metavar="FILE", help="a TOML file of these options (replicas = 4, ...); "
                    "the flags given override it")
-    defaults = SimulateConfig()
     hints = typing.get_type_hints(SimulateConfig)  # Annotated[...] stripped: int, list[Literal[...]], ...
     for f in fields(SimulateConfig):
         flag = "--" + f.name.replace("_", "-")
-        default = getattr(defaults, f.name) if f.name != "device" else "auto"
+        default = f.default if f.default is not MISSING else f.default_factory()  # no instance: no device probe
         kind = hints[f.name]
         if typing.get_origin(kind) in (typing.Union, types.UnionType):  # int | None
             kind = next(k for k in typing.get_args(kind) if k is not type(None))

@@ -12,6 +12,7 @@ from ..codec import CODECS, Codec, get_codec
 from ..diloco import (DEFAULT_CLIP_FACTOR, DEFAULT_MIN_CONTRIBUTIONS, DEFAULT_RULE, DEFAULT_TRIM_FRACTION, RULES,
                       Aggregator)
 from ..devices import resolve_device
+from ..options import existing_files
 from .adversary import ATTACKS
 
 CODEC_NAMES = tuple(CODECS)
@@ -101,6 +102,8 @@ class SimulateConfig:
     @classmethod
     def _real_device(cls, device: str) -> str:
         return resolve_device(device)
+
+    _data_files = field_validator("data")(existing_files)
 
     def __post_init__(self) -> None:
         """The checks across options (each field's own are its constraints above)."""

@@ -32,7 +32,7 @@ class RunLog:
         self.name, self.jsonl = name, jsonl
         self.sent, self.received = [0] * replicas, [0] * replicas
         self.tokens, self.records, self.start = 0, [], time.perf_counter()
-        self.progress = Progress(total=total, quiet=quiet)
+        self.progress = Progress(total=total, quiet=quiet, unit="round")
 
     def point(self, done: int, step: int, train_loss: float, val_loss: float | None, tokens: int,
               taking_part: list[int], consensus_distance: float | None = None) -> dict:

@@ -35,6 +35,7 @@ def assert_refused_in_one_line(result: subprocess.CompletedProcess, prefix: str,
     (["--tokenizer", "words"], ["--tokenizer", "'char', 'bpe'"]),
     (["--device", "tpu"], ["--device tpu", "auto, cpu, cuda"]),
     (["--no-such-flag"], ["unrecognized arguments: --no-such-flag"]),
+    (["--data", "absent.txt"], ["--data absent.txt: no such file"]),
 ])
 def test_coop_train_refuses_a_bad_flag_in_one_line(tmp_path, argv, words):
     result = coop("train", "--out", str(tmp_path / "run"), *argv)
@@ -71,7 +72,9 @@ def test_the_flags_given_override_the_config_file_and_device_auto_says_what_it_c
     assert result.returncode == 0, result.stderr
     assert "done: 3 steps" in result.stdout  # --max-steps 3 wins over the file's 2
     assert (out / "metrics.jsonl").read_text().count("\n") == 3  # the file's eval_every = 1 stands
-    assert result.stdout.count("device cpu (no GPU") == 1  # --device auto chose the CPU, said once
+    import engine
+    chosen = "device cuda:0" if engine.cuda.is_available() else "device cpu (no GPU"
+    assert result.stdout.count(chosen) == 1  # --device auto chose, and said so once
 
 
 @pytest.mark.parametrize("argv, words", [

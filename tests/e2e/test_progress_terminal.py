@@ -114,3 +114,17 @@ def test_coop_train_in_an_80_column_terminal_draws_lines_that_fit(tmp_path):
     draws = progress_draws(output)
     assert_fits(draws)
     assert "step 30/30" in draws[-1] and "val loss" in output
+
+
+def test_coop_simulate_in_an_80_column_terminal_leaves_one_line_per_run(tmp_path):
+    argv = [sys.executable, "-m", "coop.cli", "simulate", "--default-corpus-chars", "30000", "--n-layer", "1",
+            "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "2", "--replicas", "2",
+            "--inner-steps", "2", "--rounds", "3", "--eval-batches", "1", "--compression", "fp32", "int8",
+            "--baseline", "ddp", "--no-plot", "--out", str(tmp_path / "sim")]
+    status, output = run_in_terminal(argv, COLUMNS, timeout=240, env=child_env(), cwd=REPO)
+    assert status == 0, output[-3000:]
+    draws = progress_draws(output)
+    assert_fits(draws)
+    finished = [line for line in ANSI.sub("", output).replace("\r", "\n").splitlines() if "round 3/3" in line]
+    for run in ("diloco-fp32", "diloco-int8", "ddp"):
+        assert any(f"ETA 00:00, {run}:" in line for line in finished), finished
