@@ -303,7 +303,7 @@ class Aggregator:
         kept = robust_ops.agreeing(cosines, AGREEMENT_FRACTION)
         self.left_out = sorted(set(range(n)) - set(kept.tolist()))
         coefficients = scales[kept].astype(np.float64) * weights[kept] / weights[kept].sum()
-        return robust_ops.weighted_sum([flats[i] for i in kept], coefficients.astype(np.float32))
+        return robust_ops.weighted_sum([flats[i] for i in kept], coefficients)
 
 
 def aggregate(

@@ -50,17 +50,19 @@ def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[np.nda
 
 
 def weighted_sum(flats: Sequence[np.ndarray], coefficients: np.ndarray) -> np.ndarray:
-    """sum_i c_i x_i over N flat float32 vectors, in float32, one chunk of coordinates at a time on
-    every core (no (N, size) stack is made)."""
+    """sum_i c_i x_i over N flat float32 vectors, one chunk of coordinates at a time on every core
+    (no (N, size) stack is made). Accumulated in float64 and rounded once, so the order of the
+    contributions does not change the float32 result (a gossip group and the star merge agree)."""
     size = flats[0].size
     out = np.empty(size, dtype=np.float32)
+    coefficients = np.asarray(coefficients, dtype=np.float64)
 
     def one(start: int) -> None:
         stop = min(start + CHUNK, size)
-        acc = out[start:stop]
-        np.multiply(flats[0][start:stop], coefficients[0], out=acc)
+        acc = flats[0][start:stop] * coefficients[0]  # float64
         for flat, c in zip(flats[1:], coefficients[1:]):
             acc += flat[start:stop] * c
+        out[start:stop] = acc
 
     parallel_map(one, range(0, size, CHUNK), size * len(flats))
     return out

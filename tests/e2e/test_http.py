@@ -244,7 +244,8 @@ def test_a_restart_does_not_wait_for_workers_that_died_with_the_coordinator(tmp_
     coordinator = procs(Coordinator(tmp_path, config))
     survivor, casualty = (procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2))
     logs = [survivor.log, casualty.log]
-    coordinator.wait_status(lambda s: s["round"] >= 3 and len(s["workers"]) == 2, 60, "round 3", logs)
+    coordinator.wait_status(lambda s: (s["checkpoint"]["resumes_at"] or 0) >= 3 and len(s["workers"]) == 2, 60,
+                            "round 3 saved", logs)
     coordinator.kill(signal.SIGKILL)
     casualty.kill(signal.SIGKILL)
     resumed_at = load_run(coordinator.state_dir).round
@@ -263,7 +264,8 @@ def test_coordinator_killed_and_restarted_carries_on(tmp_path, procs):
     coordinator = procs(Coordinator(tmp_path, config))
     workers = [procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2)]
     logs = [w.log for w in workers]
-    coordinator.wait_status(lambda s: s["round"] >= 4, 60, "round 4", logs)
+    # round 4's checkpoint is written beside round 4 (coop.coordinator.persist): kill once it is there
+    coordinator.wait_status(lambda s: (s["checkpoint"]["resumes_at"] or 0) >= 4, 60, "round 4 saved", logs)
     coordinator.kill(signal.SIGKILL)
     saved = load_run(coordinator.state_dir)  # the state directory is readable right after a SIGKILL
     assert saved is not None and 4 <= saved.round < 20, "the coordinator must be killed mid-run"
