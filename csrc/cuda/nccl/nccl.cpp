@@ -95,10 +95,10 @@ NcclComm::NcclComm(int device, const std::string& unique_id, int world_size, int
     }
     wait_ready("init", timeout_s);
     int least = 0, greatest = 0;
-    check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "nccl side stream");
-    check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest), "nccl side stream");
-    check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "nccl events");
-    check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "nccl events");
+    engine::check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "nccl side stream");
+    engine::check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest), "nccl side stream");
+    engine::check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "nccl events");
+    engine::check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "nccl events");
 }
 
 NcclComm::~NcclComm() {
@@ -149,8 +149,8 @@ void NcclComm::wait_ready(const char* what, double timeout_s) {
 cudaStream_t NcclComm::stream_for(bool side) {
     cudaStream_t main = stream(device_);
     if (!side) return main;
-    check(cudaEventRecord(fork_, main), "nccl fork");  // the side stream starts after the work queued so far
-    check(cudaStreamWaitEvent(side_, fork_, 0), "nccl fork");
+    engine::check(cudaEventRecord(fork_, main), "nccl fork");  // the side stream starts after the work queued so far
+    engine::check(cudaStreamWaitEvent(side_, fork_, 0), "nccl fork");
     return side_;
 }
 
@@ -162,9 +162,9 @@ void NcclComm::enqueued(cudaStream_t st) {
         ev = spare_.front();
         spare_.pop_front();
     } else {
-        check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "nccl watchdog event");
+        engine::check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "nccl watchdog event");
     }
-    check(cudaEventRecord(ev, st), "nccl watchdog event");
+    engine::check(cudaEventRecord(ev, st), "nccl watchdog event");
     pending_.push_back({ev, std::chrono::steady_clock::now()});
 }
 
@@ -214,8 +214,8 @@ void NcclComm::broadcast(std::uintptr_t ptr, std::int64_t count, int dtype, int 
 
 void NcclComm::join() {
     use_device(device_);
-    check(cudaEventRecord(join_, side_), "nccl join");
-    check(cudaStreamWaitEvent(stream(device_), join_, 0), "nccl join");
+    engine::check(cudaEventRecord(join_, side_), "nccl join");
+    engine::check(cudaStreamWaitEvent(stream(device_), join_, 0), "nccl join");
 }
 
 std::string NcclComm::check() {
