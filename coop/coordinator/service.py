@@ -20,6 +20,7 @@ import numpy as np
 
 import engine
 from coop import __version__
+from coop.contribution import gpus_of_device_label
 from coop.diloco import Aggregator, global_norm, shapes_of
 from coop.replica import weights_of
 from coop.runconfig import RunConfig
@@ -305,16 +306,17 @@ class Coordinator:
         self.totals["updates_rejected"] += 1
         self.metrics.updates.labels(reason).inc()
 
-    def decode_update(self, body: bytes | bytearray, round_number: int) -> tuple[dict[str, np.ndarray], dict]:
+    def decode_update(self, body: bytes | bytearray, round_number: int, gpus: int = 1) -> tuple[dict[str, np.ndarray], dict]:
         f = fragment_of_round(round_number, len(self.parts))  # a stale round's is refused by its number anyway
         return check_update(body, round_number, shapes=self.part_shapes[f], spec=self.part_specs[f],
-                            codec=self.config.compression.codec, max_tokens=self.max_tokens,
+                            codec=self.config.compression.codec, max_tokens=self.max_tokens * gpus,
                             max_bytes=self.max_update_bytes)
 
     async def submit_update(self, record: WorkerRecord, round_number: int, body: bytes | bytearray) -> dict[str, Any]:
         nbytes = len(body)
         try:
-            update, meta = await asyncio.to_thread(self.decode_update, body, round_number)
+            update, meta = await asyncio.to_thread(self.decode_update, body, round_number,
+                                                   gpus_of_device_label(record.device))  # --gpus: G x K x B x T
         except RequestError as error:
             self.reject(record, "invalid")
             log.warning("update from %s for round %d refused (%d): %s", record.id, round_number, error.status, error.message)
