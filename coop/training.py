@@ -80,7 +80,8 @@ class TrainStep:
         self.grad_clip, self.grad_accum = grad_clip, grad_accum
         self.step_count = 0
         # forward, backward, clipping and the update as one CUDA graph after two eager warm-up steps
-        self.captured = engine.cuda.graphs.CapturedStep(self._update) \
+        # (on the step's own GPU: a replica on cuda:1 captures cuda:1's stream)
+        self.captured = engine.cuda.graphs.CapturedStep(self._update, device=device) \
             if graph and str(device).startswith("cuda") else None
 
     def lr_at(self, step: int) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 
 from .._native import native
+from ..backends.cuda import runtime
 from ..backends.cuda.arrays import _CODE
 from ..tensor import Tensor
 from .errors import DistributedError, RankDiedError
@@ -121,11 +122,15 @@ class ProcessGroupNCCL(ProcessGroup):
     def destroy(self) -> None:
         if self._destroyed:
             return
-        self._stop.set()
-        self._watchdog.join(5.0)
+        try:  # queued collectives finish first, the watchdog still on guard (a dead peer aborts them)
+            if not (self._failure or self.comm.failure()):
+                runtime.synchronize(self.device)
+        finally:
+            self._stop.set()
+            self._watchdog.join(5.0)
         try:
             if not (self._failure or self.comm.failure()):
-                self.comm.destroy()
+                self.comm.destroy()  # nothing is in flight now: finalize returns at once
         except RuntimeError as error:
             raise DistributedError(f"destroy_process_group: {error}") from None
         finally:

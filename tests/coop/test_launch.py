@@ -113,3 +113,12 @@ def test_ctrl_c_ends_every_rank(tmp_path):
     assert launcher.returncode == 130, err
     assert "interrupted; stopping 2 ranks" in err
     assert all(gone(pid) for pid in pids)
+
+
+def test_simulated_replicas_spread_over_the_gpus_only_for_plain_cuda():
+    from coop.devices import spread_device  # (the simulator's placement rule; no GPU needed to check it)
+    assert spread_device("cpu", 3) == "cpu"
+    assert spread_device("cuda:1", 5) == "cuda:1"
+    n = engine.cuda.device_count() if engine.cuda.is_available() else 0
+    expected = [f"cuda:{i % n}" for i in range(4)] if n > 1 else ["cuda"] * 4
+    assert [spread_device("cuda", i) for i in range(4)] == expected
