@@ -178,9 +178,10 @@ def _how(code: int) -> str:
 def _watch(command: str, children: list[subprocess.Popen], gpus: list[int], out) -> int:
     while True:
         codes = [c.poll() for c in children]
-        failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        # a rank killed by a signal is the cause; the ones that exited with an error saw it die
+        failed = sorted(((code >= 0, rank, code) for rank, code in enumerate(codes) if code not in (None, 0)))
         if failed:
-            rank, code = failed[0]
+            _, rank, code = failed[0]
             where = f" (GPU {gpus[rank]})" if gpus else ""
             running = sum(code is None for code in codes)
             print(f"{command}: rank {rank}{where} {_how(code)}; stopping the other {running} rank(s)",

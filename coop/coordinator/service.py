@@ -20,7 +20,6 @@ import numpy as np
 
 import engine
 from coop import __version__
-from coop.contribution import gpus_of_device_label
 from coop.diloco import Aggregator, global_norm, shapes_of
 from coop.replica import weights_of
 from coop.runconfig import RunConfig
@@ -315,8 +314,7 @@ class Coordinator:
     async def submit_update(self, record: WorkerRecord, round_number: int, body: bytes | bytearray) -> dict[str, Any]:
         nbytes = len(body)
         try:
-            update, meta = await asyncio.to_thread(self.decode_update, body, round_number,
-                                                   gpus_of_device_label(record.device))  # --gpus: G x K x B x T
+            update, meta = await asyncio.to_thread(self.decode_update, body, round_number, record.gpus)
         except RequestError as error:
             self.reject(record, "invalid")
             log.warning("update from %s for round %d refused (%d): %s", record.id, round_number, error.status, error.message)
