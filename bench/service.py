@@ -3,8 +3,10 @@
 Prints one JSON line per configuration, next to one process training alone on the same device in
 the same run (coop.training's TrainStep, the step `coop train` and every worker take):
 
-- utilisation: each worker's time in inner steps over the wall time of its run (from the worker's
-  summary line), and the mean;
+- utilisation: each worker's time in inner steps over the wall time of its rounds (from the worker's
+  summary line: from its first round's start, so the join and set-up are left out), and the mean;
+  the seconds per round outside them (download, upload, eval, wait, other), and the GPU's own busy
+  fraction over the rounds (nvidia-smi);
 - aggregate tokens/s of the swarm (every accepted token over the rounds' wall time) against the
   lone process's tokens/s (with N workers sharing one GPU, 1.0 means the service costs nothing);
 - time per round (the coordinator's history: open -> closed), the close (aggregation, outer step,
@@ -16,6 +18,7 @@ the same run (coop.training's TrainStep, the step `coop train` and every worker 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -23,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -33,7 +37,8 @@ MODELS = {  # name -> [model] section and batch size
     "m10": (dict(n_layer=6, n_head=6, n_embd=384, block_size=256), 16),  # the 10.8M shakespeare model
     "m124": (dict(n_layer=12, n_head=12, n_embd=768, block_size=1024), 8),  # GPT-2 small
 }
-SUMMARY = re.compile(r"inner steps ([\d.]+) s of ([\d.]+) s")
+SUMMARY = re.compile(r"inner steps ([\d.]+) s of ([\d.]+) s of rounds \([\d]+%; outside them: ([^)]*)\)")
+PART = re.compile(r"(\w+) ([\d.]+) s")
 
 
 def free_port() -> int:
@@ -97,6 +102,37 @@ def alone_tokens_per_s(args, model: dict, batch: int) -> float:
     return steps * batch * model["block_size"] / (time.perf_counter() - start)
 
 
+class GpuBusy:
+    """The GPU's own busy fraction over the rounds: nvidia-smi's utilization.gpu (the share of time
+    a kernel was running), sampled every 200 ms and timestamped here; None where nvidia-smi is absent."""
+
+    def __init__(self):
+        self.samples: list[tuple[float, float]] = []
+        try:
+            self.process = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.process = None
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            with contextlib.suppress(ValueError):
+                self.samples.append((time.time(), float(line.strip())))
+
+    def stop(self) -> "GpuBusy":
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        return self
+
+    def between(self, start: float, end: float) -> float | None:
+        busy = [v for t, v in self.samples if start <= t <= end]
+        return round(sum(busy) / len(busy) / 100, 3) if busy else None
+
+
 def run_service(args, model: dict, batch: int, work: Path) -> dict:
     (work / "run.toml").write_text(run_toml(args, model, batch))
     port = free_port()
@@ -124,12 +160,17 @@ def run_service(args, model: dict, batch: int, work: Path) -> dict:
                 raise SystemExit(f"the coordinator did not start: {(work / 'coordinator.log').read_text()[-2000:]}")
             time.sleep(0.2)
         ready_s = time.perf_counter() - started
+        link = (["--limit-rate", args.limit_rate] if args.limit_rate else []) + (
+            ["--latency", args.latency] if args.latency else [])
+        gpu = GpuBusy() if args.device.startswith("cuda") else None
         workers = [start(f"worker{i}", ["coop.worker_cli", "join", url, "--name", f"worker{i}", "--device",
-                                        args.device, "--cache-dir", "none", "--quiet"]) for i in range(args.workers)]
+                                        args.device, "--cache-dir", "none", "--quiet", *link])
+                   for i in range(args.workers)]
         for i, worker in enumerate(workers):
             if worker.wait(timeout=args.timeout) != 0:
                 raise SystemExit(f"worker{i} failed: {(work / f'worker{i}.log').read_text()[-2000:]}")
         status = httpx.get(url + "/v1/status", timeout=30).json()
+        busy = gpu.stop() if gpu is not None else None
     finally:
         for process in [*workers, coordinator]:
             if process.poll() is None:
@@ -141,11 +182,16 @@ def run_service(args, model: dict, batch: int, work: Path) -> dict:
         for log in logs:
             log.close()
     rounds = [h for h in status["history"] if h.get("round") is not None]
-    utilisation = []
+    utilisation, outside = [], {}
     for i in range(args.workers):
         match = SUMMARY.search((work / f"worker{i}.log").read_text())
         if match:
             utilisation.append(float(match.group(1)) / float(match.group(2)))
+            parts = {name: float(seconds) for name, seconds in PART.findall(match.group(3))}
+            # the rest: the pseudo-gradient, its encoding, loading merged weights, Python between the parts
+            parts["other"] = float(match.group(2)) - float(match.group(1)) - sum(parts.values())
+            for name, seconds in parts.items():  # per round of this worker, averaged over the workers
+                outside[name] = outside.get(name, 0.0) + seconds / max(1, len(rounds)) / args.workers
     wall = rounds[-1]["closed_at"] - (rounds[0]["closed_at"] - rounds[0]["duration_s"])
     tokens = sum(r["tokens"] for r in rounds)
     per_worker_rounds = max(1, args.workers * len(rounds))
@@ -153,8 +199,13 @@ def run_service(args, model: dict, batch: int, work: Path) -> dict:
             "round_s": round(wall / len(rounds), 3),
             "close_s": round(sum(r.get("close_s", 0.0) for r in rounds) / len(rounds), 3) if "close_s" in rounds[0]
             else None,
+            "close_parts_s": {k: round(sum(r.get("close_parts_s", {}).get(k, 0.0) for r in rounds) / len(rounds), 3)
+                              for k in rounds[0].get("close_parts_s", {})},
             "utilisation": [round(u, 3) for u in utilisation],
             "utilisation_mean": round(sum(utilisation) / len(utilisation), 3) if utilisation else None,
+            "outside_s_per_round": {k: round(v, 3) for k, v in outside.items()},
+            "gpu_busy": busy.between(rounds[0]["closed_at"] - rounds[0]["duration_s"], rounds[-1]["closed_at"])
+            if busy is not None else None,
             "tokens_per_s": round(tokens / wall, 1),
             "bytes_up_per_worker_round": round(status["totals"]["bytes_in"] / per_worker_rounds),
             "bytes_down_per_worker_round": round(status["totals"]["bytes_out"] / per_worker_rounds),
@@ -174,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="[compression] downlink: codec = each round's change in the run's codec")
     ap.add_argument("--overlap-steps", type=int, default=0,
                     help="[outer] overlap_steps: train on (up to this many steps) while the round closes")
+    ap.add_argument("--limit-rate", help="each worker's link, e.g. 1Gbit or 100Mbit (coop-worker join --limit-rate)")
+    ap.add_argument("--latency", help="each worker's added latency, e.g. 50ms (coop-worker join --latency)")
     ap.add_argument("--eval-every", type=int, default=1)
     ap.add_argument("--eval-batches", type=int, default=20)
     ap.add_argument("--data", help="a text file (default: the stdlib corpus, --default-chars characters)")
@@ -187,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_service(args, model, batch, Path(tmp))
     line = {"bench": "service", "model": args.model, "device": args.device, "workers": args.workers,
             "inner_steps": args.inner_steps, "fragments": args.fragments, "overlap_steps": args.overlap_steps, "codec": args.codec, "downlink": args.downlink,
+            "limit_rate": args.limit_rate, "latency": args.latency,
             "eval_every": args.eval_every, **result}
     if alone:
         line["alone_tokens_per_s"] = round(alone, 1)

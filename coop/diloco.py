@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from . import robust as robust_ops
+from .threads import parallel_map
 
 Weights = Mapping[str, np.ndarray]
 Shapes = Mapping[str, tuple[int, ...]]
 
+_OUTER_CHUNK = 1 << 20  # elements per task of the outer step
 _CHUNK = 1 << 16  # elements per step of the weighted sum: its scratch buffer (256 KB in fp32) stays in cache
 
 
@@ -84,6 +87,15 @@ DEFAULT_RULE = "filtered_mean"  # the defaults, chosen by measurement: docs/resu
 DEFAULT_TRIM_FRACTION = 0.25
 DEFAULT_CLIP_FACTOR = 2.0
 DEFAULT_MIN_CONTRIBUTIONS = 3
+
+
+@dataclass(frozen=True)
+class PreparedUpdate:
+    """An update Aggregator.prepare checked: its values (the tensors, or for the robust rules one
+    flat float32 copy) and its global L2 norm."""
+
+    values: Any
+    norm: float
 
 
 class Aggregator:
@@ -158,28 +170,39 @@ class Aggregator:
         self.norms: list[float] = []  # each contribution's norm before clipping, for logging
         self.clip_bound: float | None = None  # the bound the last result() (or add, streamed) applied
         self._sum: dict[str, np.ndarray] | None = None  # name -> sum of weight * update (streaming mode)
-        self._kept: list[tuple[dict[str, np.ndarray], float]] = []  # (update, weight) (robust rules)
+        self._kept: list[tuple[np.ndarray, float]] = []  # (update as one flat float32 vector, weight) (robust rules)
         self.left_out: list[int] = []  # filtered_mean: indices (in order of add) left out by the last result()
 
     def add(self, update: Weights, weight: float = 1.0) -> float:
         """Count one contribution with the given weight (tokens processed). Returns its global
         L2 norm before clipping. Raises ValueError (state unchanged) on wrong names or shapes,
         non-finite values, or a weight that is not a positive finite number."""
-        if not (isinstance(weight, (int, float, np.integer, np.floating)) and math.isfinite(weight) and weight > 0):
-            raise ValueError(f"weight must be a positive finite number (tokens processed), got {weight!r}")
+        return self.add_prepared(self.prepare(update), weight)
+
+    def prepare(self, update: Weights) -> PreparedUpdate:
+        """The checks and the copy `add` makes, without touching the aggregator: a server runs
+        this for each upload in its own thread, beside the others, and only `add_prepared` under
+        its lock. Raises ValueError on wrong names or shapes or non-finite values."""
         _check_same_tensors(self.shapes, update, "update")
         norm = global_norm(update)  # also the finiteness check: any NaN/inf makes the norm non-finite
         if not math.isfinite(norm):
             raise ValueError("update has NaN/inf values (or overflows float64 norm); the replica diverged, refusing it")
+        return PreparedUpdate(update if self.streaming else self._flatten(update), norm)
+
+    def add_prepared(self, prepared: PreparedUpdate, weight: float = 1.0) -> float:
+        """Count a contribution `prepare` checked (see `add`)."""
+        if not (isinstance(weight, (int, float, np.integer, np.floating)) and math.isfinite(weight) and weight > 0):
+            raise ValueError(f"weight must be a positive finite number (tokens processed), got {weight!r}")
+        norm = prepared.norm
         if self.streaming:
             bound = self._bound(self.reference_norm)
             self.clip_bound = bound
             clip = bound / norm if bound is not None and norm > bound else None
             if self._sum is None:
                 self._sum = {name: np.zeros(shape, dtype=self.dtype) for name, shape in self.shapes.items()}
-            self._accumulate(update, weight, clip)
+            self._accumulate(prepared.values, weight, clip)
         else:
-            self._kept.append(({name: np.array(a, dtype=np.float32) for name, a in update.items()}, float(weight)))
+            self._kept.append((prepared.values, float(weight)))
         self.count += 1
         self.total_weight += float(weight)
         self.norms.append(norm)
@@ -219,6 +242,27 @@ class Aggregator:
             return {name: np.asarray(total / self.total_weight, dtype=np.float32) for name, total in self._sum.items()}
         return self._robust_result()
 
+    def _flatten(self, update: Weights) -> np.ndarray:
+        """The update's tensors, in the model's order, as one float32 vector (one copy: the caller's
+        arrays may be views into a request body). The coordinate-wise rules then run over chunks of
+        it in parallel threads, whatever the tensors' sizes."""
+        flat = np.empty(sum(math.prod(shape) for shape in self.shapes.values()), dtype=np.float32)
+        offset = 0
+        for name, shape in self.shapes.items():
+            size = math.prod(shape)
+            flat[offset : offset + size] = np.asarray(update[name]).reshape(-1)
+            offset += size
+        return flat
+
+    def _unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Views of a flat vector as the model's tensors."""
+        out, offset = {}, 0
+        for name, shape in self.shapes.items():
+            size = math.prod(shape)
+            out[name] = flat[offset : offset + size].reshape(shape)
+            offset += size
+        return out
+
     def _robust_result(self) -> dict[str, np.ndarray]:
         n = len(self._kept)
         robust = n >= self.min_contributions
@@ -227,50 +271,39 @@ class Aggregator:
         scales = np.array([1.0 if bound is None or norm <= bound else bound / norm for norm in self.norms], np.float32)
         weights = np.array([w for _, w in self._kept], dtype=np.float64)  # (N,)
         if robust and self.rule == "centered_clip":
-            clipped = [{name: a * s for name, a in u.items()} if s != 1 else u for (u, _), s in zip(self._kept, scales)]
-            start = {name: robust_ops.weighted_median(np.stack([u[name].reshape(-1) for u in clipped]), weights)
-                     .reshape(shape) for name, shape in self.shapes.items()}
-            centre = robust_ops.centered_clip(clipped, weights, start)
+            clipped = [self._unflatten(u * s if s != 1 else u) for (u, _), s in zip(self._kept, scales)]
+            start = robust_ops.over_chunks(lambda stack: robust_ops.weighted_median(stack, weights),
+                                           [u for u, _ in self._kept], scales)
+            centre = robust_ops.centered_clip(clipped, weights, self._unflatten(start))
             return {name: centre[name].astype(np.float32).reshape(shape) for name, shape in self.shapes.items()}
         if robust and self.rule == "filtered_mean":
-            return self._filtered_mean(scales, weights)
+            return self._unflatten(self._filtered_mean(scales, weights))
         cut = int(math.floor(self.trim_fraction * n))
-        out: dict[str, np.ndarray] = {}
-        for name, shape in self.shapes.items():
-            stack = np.stack([u[name].reshape(-1) for u, _ in self._kept])  # (N, size) float32
-            stack *= scales[:, None]
-            if not robust:
-                mean = robust_ops.weighted_mean(stack, weights)
-            elif self.rule == "median":
-                mean = robust_ops.weighted_median(stack, weights)
-            else:
-                mean = robust_ops.trimmed_mean(stack, weights, cut)
-            out[name] = mean.astype(np.float32).reshape(shape)
-        return out
+        if not robust:
+            rule = lambda stack: robust_ops.weighted_mean(stack, weights)  # noqa: E731
+        elif self.rule == "median":
+            rule = lambda stack: robust_ops.weighted_median(stack, weights)  # noqa: E731
+        else:
+            rule = lambda stack: robust_ops.trimmed_mean(stack, weights, cut)  # noqa: E731
+        return self._unflatten(robust_ops.over_chunks(rule, [u for u, _ in self._kept], scales))
 
-    def _filtered_mean(self, scales: np.ndarray, weights: np.ndarray) -> dict[str, np.ndarray]:
-        """Two passes over the tensors: the cosine of each clipped contribution to the coordinate-
-        wise median, then the weighted mean of those that agree (coop.robust.agreeing). The median
-        is the unweighted one: a member that claims many tokens cannot pull the reference its way
-        (its weight counts only in the mean, once it agrees); float32 sorts keep a round's close fast."""
+    def _filtered_mean(self, scales: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """The cosine of each clipped contribution to the coordinate-wise median, then the weighted
+        mean of those that agree (coop.robust.agreeing). The median is the unweighted one: a member
+        that claims many tokens cannot pull the reference its way (its weight counts only in the
+        mean, once it agrees). The median and the mean run over chunks of coordinates on every core;
+        the dot products are one BLAS call per contribution over the whole vector (float32, as the
+        sorts: a round's close must be fast, the filter needs only the cosines' order of magnitude)."""
         n = len(self._kept)
-        dots, norms2, reference2 = np.zeros(n), np.zeros(n), 0.0
-        for name in self.shapes:
-            stack = np.stack([u[name].reshape(-1) for u, _ in self._kept])  # (N, size) float32
-            stack *= scales[:, None]
-            reference = robust_ops.median(stack)  # (size,)
-            dots += (stack @ reference).astype(np.float64)
-            norms2 += np.einsum("ns,ns->n", stack, stack, dtype=np.float64)
-            reference2 += float(np.dot(reference, reference))
-        cosines = dots / np.sqrt(np.maximum(norms2 * reference2, 1e-300))
+        flats = [u for u, _ in self._kept]
+        reference = robust_ops.over_chunks(robust_ops.median, flats, scales)
+        dots = np.array([float(scales[i]) * float(np.dot(f, reference)) for i, f in enumerate(flats)])
+        norms2 = (scales.astype(np.float64) * np.array(self.norms)) ** 2
+        cosines = dots / np.sqrt(np.maximum(norms2 * float(np.dot(reference, reference)), 1e-300))
         kept = robust_ops.agreeing(cosines, AGREEMENT_FRACTION)
         self.left_out = sorted(set(range(n)) - set(kept.tolist()))
-        out: dict[str, np.ndarray] = {}
-        for name, shape in self.shapes.items():
-            stack = np.stack([self._kept[i][0][name].reshape(-1) for i in kept])  # (K, size)
-            stack *= scales[kept, None]
-            out[name] = robust_ops.weighted_mean(stack, weights[kept]).astype(np.float32).reshape(shape)
-        return out
+        coefficients = scales[kept].astype(np.float64) * weights[kept] / weights[kept].sum()
+        return robust_ops.weighted_sum([flats[i] for i in kept], coefficients.astype(np.float32))
 
 
 def aggregate(
@@ -306,7 +339,7 @@ class OuterOptimizer(Protocol):
     """What the round loop needs from an outer optimizer."""
 
     def step(self, global_weights: dict[str, np.ndarray], pseudo_grad: Weights) -> None: ...
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self, copy: bool = True) -> dict[str, Any]: ...
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
@@ -376,19 +409,36 @@ class NesterovSGD:
                 raise ValueError(f"pseudo-gradient {name!r} has NaN/inf values; refusing the outer step")
         lr = np.float32(self.current_lr())
         momentum = np.float32(self.momentum)
-        for name, weight in global_weights.items():
+        fresh = {name for name in global_weights if self.momentum != 0 and name not in self.momentum_buffer}
+        for name in fresh:  # b = g on a tensor's first step
+            self.momentum_buffer[name] = np.zeros_like(global_weights[name])
+
+        def flat(array: np.ndarray, start: int, stop: int) -> np.ndarray:  # a view: updates land in place
+            return array.reshape(-1)[start:stop] if stop >= 0 else array
+
+        def update(piece: tuple[str, int, int]) -> None:  # one chunk of one tensor (stop -1: all of it)
+            name, start, stop = piece
+            weight = flat(global_weights[name], start, stop)
             grad = np.asarray(pseudo_grad[name], dtype=np.float32)
+            grad = flat(grad, start, stop) if stop >= 0 else grad
             if self.momentum == 0:
                 direction = grad
             else:
-                buffer = self.momentum_buffer.get(name)
-                if buffer is None:
-                    buffer = self.momentum_buffer[name] = grad.copy()
+                buffer = flat(self.momentum_buffer[name], start, stop)
+                if name in fresh:
+                    buffer[...] = grad
                 else:
                     buffer *= momentum
                     buffer += grad
                 direction = grad + momentum * buffer if self.nesterov else buffer
             weight -= lr * direction
+
+        pieces = []
+        for name, w in global_weights.items():
+            contiguous = w.flags.c_contiguous and self.momentum_buffer.get(name, w).flags.c_contiguous
+            pieces += ([(name, start, min(start + _OUTER_CHUNK, w.size)) for start in range(0, w.size, _OUTER_CHUNK)]
+                       if contiguous else [(name, 0, -1)])
+        parallel_map(update, pieces, sum(w.size for w in global_weights.values()))  # the same numbers, on every core
         self.step_count += 1
 
     def take_hyperparameters(self, other: NesterovSGD) -> None:
@@ -397,8 +447,9 @@ class NesterovSGD:
         self.lr, self.momentum, self.nesterov = other.lr, other.momentum, other.nesterov
         self.warmup_steps, self.decay_steps, self.min_lr_factor = other.warmup_steps, other.decay_steps, other.min_lr_factor
 
-    def state_dict(self) -> dict[str, Any]:
-        """Scalars (JSON-able) plus "momentum_buffer": name -> float32 array (copies).
+    def state_dict(self, copy: bool = True) -> dict[str, Any]:
+        """Scalars (JSON-able) plus "momentum_buffer": name -> float32 array (copies; with copy=False
+        the buffers themselves, for a writer that finishes before the next step).
         Persist with e.g. `coop.wire.pack(state.pop("momentum_buffer"), state)`; no pickle."""
         return {
             "lr": self.lr,
@@ -408,7 +459,7 @@ class NesterovSGD:
             "decay_steps": self.decay_steps,
             "min_lr_factor": self.min_lr_factor,
             "step_count": self.step_count,
-            "momentum_buffer": {name: buffer.copy() for name, buffer in self.momentum_buffer.items()},
+            "momentum_buffer": {name: buffer.copy() if copy else buffer for name, buffer in self.momentum_buffer.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

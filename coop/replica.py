@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 
@@ -47,7 +47,8 @@ class RoundResult:
     pseudo_gradient: dict[str, np.ndarray]
     tokens: int
     losses: list[float] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = 0.0  # in inner steps
+    waited: float = 0.0  # blocked on the last round's merge (overlap), not counted in `seconds`
 
     @property
     def mean_loss(self) -> float:
@@ -78,6 +79,7 @@ class Replica:
         self.tokens_seen = 0
         self.anchor: dict[str, np.ndarray] = {}  # global weights last loaded: what deltas are taken against
         self.sent_at: dict[str, np.ndarray] = {}  # local weights when last sent, until their merge is loaded
+        self._eval_model: GPT | None = None  # evaluate_weights' own copy, made on first use
 
     @property
     def step(self) -> int:
@@ -111,19 +113,22 @@ class Replica:
         self.reset_anchor()
         self.apply_merge(global_weights)
 
-    def evaluate_weights(self, weights: dict[str, np.ndarray], data: TokenDataset, batches: int = 8) -> float:
-        """`evaluate` of other weights (e.g. the global ones) on this replica's model, which is
-        left as it was: the local weights of a streaming replica keep training afterwards."""
-        local = self.weights()
-        load_weights(self.model, weights)
-        try:
-            return self.evaluate(data, batches)
-        finally:
-            load_weights(self.model, local)
+    def evaluate_weights(self, weights: dict[str, np.ndarray], data: TokenDataset, batches: int = 8,
+                         part: tuple[int, int] = (0, 1)) -> float:
+        """`evaluate` of other weights (e.g. the global ones), on a second copy of the model made for
+        it (on the replica's device, no optimizer state): the replica's own weights are never
+        touched, nor copied back and forth (on a GPU that is the slow part of an evaluation)."""
+        if self._eval_model is None:
+            state = engine.random.get_rng_state()  # its initial weights are overwritten: keep the RNG stream as it was
+            self._eval_model = GPT(self.model.config).to(self.device)
+            engine.random.set_rng_state(state)
+        load_weights(self._eval_model, weights)
+        return evaluate(self._eval_model, self._windows(data, batches, part), self.device, self.inner.precision)
 
     def run_round(self, global_weights: dict[str, np.ndarray] | None, inner_steps: int, *,
                   merged: Collection[str] | None = None, send: Collection[str] | None = None,
-                  apply_after: int = 0, arrival: Future | None = None) -> RoundResult | None:
+                  apply_after: int = 0, arrival: Future | None = None,
+                  idle: Callable[[], None] | None = None) -> RoundResult | None:
         """Take `inner_steps` (K) inner steps from the global weights, return the pseudo-gradient.
 
         Plain DiLoCo uses the defaults: load every global weight, train, send global - local.
@@ -138,15 +143,24 @@ class Replica:
         Over a real link the merge's arrival time is not known: `arrival` is a Future of the round's
         start (anything with .weights, .merged, .send; None: the run ended) that the replica trains
         on beside, from its own weights, until it is done or `apply_after` steps are taken (then it
-        waits: the delay stays bounded); it then applies it the same way. Returns None when the
-        run ended while it trained."""
+        waits: the delay stays bounded); it then applies it the same way. `idle`, if given, runs
+        once before that wait when there is one (the transport's evaluation of the last global
+        weights: work for the device that would otherwise sit idle); its seconds count as neither
+        training nor waiting. Returns None when the run ended while it trained."""
         start = time.perf_counter()
-        losses = []
+        losses, waited = [], 0.0
         if arrival is not None:  # overlap over a link: train on until the merge has arrived
             ahead = min(inner_steps, apply_after or inner_steps)  # then wait for it
             while len(losses) < ahead and not arrival.done():
                 losses.append(self.train_step())
+            if idle is not None and not arrival.done():  # the GPU would wait anyway: the transport's work first
+                began = time.perf_counter()
+                idle()
+                start += time.perf_counter() - began
+            waiting = time.perf_counter()
             arrived = arrival.result()  # blocks only once the round's steps are all taken
+            waited = time.perf_counter() - waiting
+            start += waited  # the round's seconds are those of its inner steps
             if arrived is None:
                 return None
             if arrived.reset:  # it missed a merge: the steps taken meanwhile cannot be kept
@@ -167,7 +181,7 @@ class Replica:
         delta = pseudo_gradient({n: self.anchor[n] for n in sent}, {n: local[n] for n in sent})
         self.sent_at = {n: local[n] for n in sent}
         return RoundResult(delta, inner_steps * self.inner.batch_size * self.inner.block_size, losses,
-                           time.perf_counter() - start)
+                           time.perf_counter() - start, waited)
 
     def apply_merge(self, global_weights: dict[str, np.ndarray], keep_progress: bool = False) -> None:
         """Load merged global weights (all or a fragment) and make them the anchor of the next
@@ -188,8 +202,13 @@ class Replica:
         that missed merges, or rejoined, must not take a pseudo-gradient against stale weights)."""
         self.anchor, self.sent_at = {}, {}
 
-    def evaluate(self, data: TokenDataset, batches: int = 8, seed: int = 1234) -> float:
-        """Mean loss over `batches` fixed random windows of `data` (the same windows every call),
-        under the training's autocast."""
-        windows = fixed_windows(data, batches, self.inner.batch_size, self.inner.block_size, seed)
-        return evaluate(self.model, windows, self.device, self.inner.precision)
+    def evaluate(self, data: TokenDataset, batches: int = 8, part: tuple[int, int] = (0, 1)) -> float:
+        """Mean loss of the replica's own weights over `batches` fixed random windows of `data` (the
+        same windows every call), under the training's autocast. part (i, n): only the windows i,
+        i + n, i + 2n, ... of them, so that n workers share one evaluation (the token-weighted mean
+        of their n losses is the whole evaluation's)."""
+        return evaluate(self.model, self._windows(data, batches, part), self.device, self.inner.precision)
+
+    def _windows(self, data: TokenDataset, batches: int, part: tuple[int, int], seed: int = 1234) -> list:
+        index, count = part
+        return fixed_windows(data, batches, self.inner.batch_size, self.inner.block_size, seed)[index::count]

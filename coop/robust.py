@@ -15,9 +15,55 @@ global L2 norms). Nothing here validates: the Aggregator has checked names, shap
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+
+from .threads import parallel_map
+
+CHUNK = 1 << 15  # coordinates per task of over_chunks: an (N, CHUNK) float32 stack (N x 128 KB) stays in the cache
+
+
+def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[np.ndarray], scales: np.ndarray,
+                reduce: bool = False) -> np.ndarray:
+    """Apply a coordinate-wise `rule` ((N, chunk) float32 stack -> (chunk,)) to N flat contributions,
+    each scaled by its `scales` entry (norm clipping), one chunk of coordinates at a time on every
+    core. Returns the (size,) float32 result; with `reduce`, the rule returns a fixed-size vector
+    per chunk (partial sums) and their sum (float64) is returned instead."""
+    size = flats[0].size
+
+    def one(start: int) -> np.ndarray:
+        stop = min(start + CHUNK, size)
+        stack = np.stack([f[start:stop] for f in flats])  # (N, chunk) float32, a copy
+        if np.any(scales != 1):
+            stack *= scales[:, None]
+        return rule(stack)
+
+    starts = range(0, size, CHUNK)
+    parts = parallel_map(one, starts, size * len(flats))
+    if reduce:
+        return np.sum([np.asarray(p, dtype=np.float64) for p in parts], axis=0)
+    out = np.empty(size, dtype=np.float32)
+    for start, part in zip(starts, parts):
+        out[start : start + part.size] = part
+    return out
+
+
+def weighted_sum(flats: Sequence[np.ndarray], coefficients: np.ndarray) -> np.ndarray:
+    """sum_i c_i x_i over N flat float32 vectors, in float32, one chunk of coordinates at a time on
+    every core (no (N, size) stack is made)."""
+    size = flats[0].size
+    out = np.empty(size, dtype=np.float32)
+
+    def one(start: int) -> None:
+        stop = min(start + CHUNK, size)
+        acc = out[start:stop]
+        np.multiply(flats[0][start:stop], coefficients[0], out=acc)
+        for flat, c in zip(flats[1:], coefficients[1:]):
+            acc += flat[start:stop] * c
+
+    parallel_map(one, range(0, size, CHUNK), size * len(flats))
+    return out
 
 
 def weighted_mean(stack: np.ndarray, weights: np.ndarray) -> np.ndarray:

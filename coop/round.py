@@ -19,7 +19,7 @@ round to the next.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -50,6 +50,8 @@ class RoundStart:
     # when the run ended); the replica trains on beside it and applies it when it arrives
     arrival: Future | None = None
     steps: int | None = None  # inner steps of this round, when fewer than K fit before its deadline
+    idle: Callable[[], None] | None = None  # with `arrival`: the transport's work for the training thread
+    # while it waits for the merge (coop.replica.Replica.run_round)
 
 
 @dataclass
@@ -111,7 +113,7 @@ class RoundLoop:
             return None
         if start.arrival is not None:  # overlap: train on while the last round's merge comes
             result = self.replica.run_round(None, self.inner_steps, arrival=start.arrival,
-                                            apply_after=start.apply_after or self.inner_steps)
+                                            apply_after=start.apply_after or self.inner_steps, idle=start.idle)
             arrived = start.arrival.result()
             if result is None or arrived is None:  # the run ended meanwhile: the transport says so next
                 return self.run_round()

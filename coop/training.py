@@ -31,8 +31,23 @@ def autocast_for(device: str, precision: str = "auto"):
 
 
 def weights_of(model: engine.nn.Module) -> dict[str, np.ndarray]:
-    """Every trained tensor of the model as float32 numpy, keyed by parameter name (tied weights once)."""
-    return {name: np.array(p.numpy(), dtype=np.float32) for name, p in model.named_parameters()}
+    """Every trained tensor of the model as float32 numpy, keyed by parameter name (tied weights once).
+    On a GPU in one copy to the host (one flat buffer): each copy waits for the device, and with
+    several processes sharing a GPU every wait costs a time slice."""
+    params = dict(model.named_parameters())
+    if not params or not _on_gpu(params):
+        return {name: np.array(p.numpy(), dtype=np.float32) for name, p in params.items()}
+    with engine.no_grad():
+        flat = engine.cat([p.detach().reshape(-1) for p in params.values()]).numpy().astype(np.float32, copy=False)
+    out, offset = {}, 0
+    for name, p in params.items():  # views of the one host buffer
+        out[name] = flat[offset : offset + p.numel()].reshape(p.shape)
+        offset += p.numel()
+    return out
+
+
+def _on_gpu(params: dict) -> bool:
+    return str(next(iter(params.values())).device).startswith("cuda")
 
 
 def load_weights(model: engine.nn.Module, weights: dict[str, np.ndarray], partial: bool = False) -> None:
@@ -46,9 +61,23 @@ def load_weights(model: engine.nn.Module, weights: dict[str, np.ndarray], partia
     elif set(params) != set(weights):
         missing, extra = sorted(set(params) - set(weights)), sorted(set(weights) - set(params))
         raise KeyError(f"weights do not match the model: missing {missing[:5]}, unexpected {extra[:5]}")
+    if not params:
+        return
     with engine.no_grad():
+        if not _on_gpu(params):
+            for name, p in params.items():
+                p.copy_(engine.tensor(weights[name], device=p.device))
+            return
         for name, p in params.items():
-            p.copy_(engine.tensor(weights[name], device=p.device))
+            if tuple(np.shape(weights[name])) != tuple(p.shape):
+                raise ValueError(f"weight {name!r} has shape {tuple(np.shape(weights[name]))}, the model's is {tuple(p.shape)}")
+        # one copy to the device, then device-side copies into each parameter (no wait in between)
+        flat = engine.tensor(np.concatenate([np.asarray(weights[n], dtype=np.float32).reshape(-1) for n in params]),
+                             device=next(iter(params.values())).device)
+        offset = 0
+        for name, p in params.items():
+            p.copy_(flat[offset : offset + p.numel()].reshape(p.shape))
+            offset += p.numel()
 
 
 def make_optimizer(model: engine.nn.Module, name: str, lr: float, weight_decay: float,

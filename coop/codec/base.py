@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from coop.threads import parallel_map
 from coop.wire import WireError
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -46,15 +47,21 @@ class Codec:
 
     def encode(self, update: Mapping[str, np.ndarray]) -> Encoded:
         """Encode a dict of float arrays; refuses non-finite values (a diverged replica)."""
-        tensors: dict[str, np.ndarray] = {}
-        shapes: dict[str, list[int]] = {}
-        for name, array in update.items():
+        def one(item: tuple[str, Any]) -> list[np.ndarray]:  # a tensor's own work (its own residual, if any)
+            name, array = item
             x = np.asarray(array, dtype=np.float32)
             if not np.isfinite(x).all():
                 raise ValueError(f"tensor {name!r} has NaN/inf values; refusing to encode a diverged update")
-            for suffix, part in zip(self.suffixes, self._encode_one(name, x)):
+            return self._encode_one(name, x)
+
+        # the tensors on every core: a 124M-parameter update is ~1 s of numpy on one
+        encoded = parallel_map(one, update.items(), sum(int(np.size(a)) for a in update.values()))
+        tensors: dict[str, np.ndarray] = {}
+        shapes: dict[str, list[int]] = {}
+        for (name, array), parts in zip(update.items(), encoded):
+            for suffix, part in zip(self.suffixes, parts):
                 tensors[name + suffix] = part
-            shapes[name] = list(x.shape)
+            shapes[name] = list(np.shape(array))
         return Encoded(tensors, {"codec": self.name, "options": self.options(), "shapes": shapes})
 
     def decode(
@@ -68,11 +75,9 @@ class Codec:
         if set(tensors) != expected_keys:
             missing, extra = sorted(expected_keys - set(tensors)), sorted(set(tensors) - expected_keys)
             raise WireError(f"{self.name} update: arrays missing {missing[:8]}, unexpected {extra[:8]}")
-        out: dict[str, np.ndarray] = {}
-        for name, shape in shapes.items():
-            parts = [tensors[name + suffix] for suffix in self.suffixes]
-            out[name] = self._decode_one(name, shape, parts)
-        return out
+        decoded = parallel_map(lambda item: self._decode_one(item[0], item[1], [tensors[item[0] + s] for s in self.suffixes]),
+                               shapes.items(), sum(math.prod(shape) for shape in shapes.values()))
+        return dict(zip(shapes, decoded))
 
     def payload_nbytes(self, shapes: Shapes) -> int:
         """Exact payload bytes `encode` produces for tensors of these shapes."""

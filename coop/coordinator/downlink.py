@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codec import Codec, get_codec
+from ..threads import parallel_map
 from ..wire import pack
 
 
@@ -48,10 +49,13 @@ class Downlink:
             self.view = {n: np.array(w, dtype=np.float32) for n, w in weights.items()}
             self.delta = None
             return
-        encoded = self.codec.encode({n: weights[n] - self.view[n] for n in names})
+        size = sum(weights[n].size for n in names)  # the differences and the view's update on every core
+        changes = parallel_map(lambda n: weights[n] - self.view[n], names, size)
+        encoded = self.codec.encode(dict(zip(names, changes)))
         decoded = self.codec.decode(encoded.tensors, encoded.metadata)
-        for n in names:
-            self.view[n] = self.view[n] + decoded[n]  # new arrays: a packed body may still hold the old
+        # new arrays: a packed body may still hold the old
+        moved = parallel_map(lambda n: self.view[n] + decoded[n], names, size)
+        self.view.update(zip(names, moved))
         meta = {**encoded.metadata, "round": next_round, "since": next_round - 1}
         self.delta = Delta(next_round - 1, next_round, pack(encoded.tensors, meta))
 

@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 
 import engine
-from coop import __version__
-from coop.diloco import Aggregator, global_norm, shapes_of
+from coop.diloco import Aggregator, PreparedUpdate, global_norm, shapes_of
 from coop.replica import weights_of
 from coop.runconfig import RunConfig
 from coop.streaming import fragment_of_round, fragments
@@ -32,6 +31,8 @@ from .downlink import Downlink
 from .evaluation import EvalReport, ValLosses, latest_val
 from .members import JoinRateLimiter, Members, WorkerRecord, retry_after_header, tokens_equal
 from .metrics import CoordinatorMetrics
+from .persist import Checkpointer
+from .status import status_of
 from .rounds import DeadlinePolicy, Phase, Report, RoundMachine, StaleRound
 from .state import load_run, make_private_dir, make_private_tree, save_members, save_round
 from .updates import RequestError, check_update, default_update_limit
@@ -107,6 +108,7 @@ class Coordinator:
             log.info("resumed from %s at round %d (%d workers known)", self.state_dir, first_round,
                      len(self.members.workers))
         self.weights_body = self._pack_weights()
+        self.checkpointer = Checkpointer(self.state_dir)
         self.metrics.round.set(self.machine.number)
         # created on the event loop in start()
         self._lock: asyncio.Lock | None = None
@@ -143,6 +145,7 @@ class Coordinator:
     async def stop(self) -> None:
         if self._ticker:
             self._ticker.cancel()
+        await self.checkpointer.written()
         self.val.flush()
 
     async def _tick_forever(self) -> None:
@@ -305,11 +308,17 @@ class Coordinator:
         self.totals["updates_rejected"] += 1
         self.metrics.updates.labels(reason).inc()
 
-    def decode_update(self, body: bytes | bytearray, round_number: int, gpus: int = 1) -> tuple[dict[str, np.ndarray], dict]:
+    def decode_update(self, body: bytes | bytearray, round_number: int, gpus: int = 1) -> tuple[PreparedUpdate, dict]:
+        """In a thread, beside the other uploads: the checked update, ready for its aggregator. A
+        worker of G GPUs (`--gpus`) may claim G x K x B x T tokens."""
         f = fragment_of_round(round_number, len(self.parts))  # a stale round's is refused by its number anyway
-        return check_update(body, round_number, shapes=self.part_shapes[f], spec=self.part_specs[f],
-                            codec=self.config.compression.codec, max_tokens=self.max_tokens * gpus,
-                            max_bytes=self.max_update_bytes)
+        update, meta = check_update(body, round_number, shapes=self.part_shapes[f], spec=self.part_specs[f],
+                                    codec=self.config.compression.codec, max_tokens=self.max_tokens * gpus,
+                                    max_bytes=self.max_update_bytes)
+        try:
+            return self.aggregators[f].prepare(update), meta
+        except ValueError as error:  # the aggregator's own checks
+            raise RequestError(422, f"update refused: {error}") from None
 
     async def submit_update(self, record: WorkerRecord, round_number: int, body: bytes | bytearray) -> dict[str, Any]:
         nbytes = len(body)
@@ -323,8 +332,9 @@ class Coordinator:
         async with self._lock:
             self.precheck_update(record, round_number)  # the round may have closed while we decoded
             tokens = int(meta["tokens"])
-            try:
-                norm = await asyncio.to_thread(self.aggregator.add, update, tokens)
+            try:  # the robust rules keep the prepared copy; the streamed mean adds it up (in a thread)
+                add = self.aggregator.add_prepared
+                norm = await asyncio.to_thread(add, update, tokens) if self.aggregator.streaming else add(update, tokens)
             except ValueError as error:  # aggregator's own checks; it is unchanged
                 self.reject(record, "invalid")
                 raise RequestError(422, f"update refused: {error}") from None
@@ -370,8 +380,10 @@ class Coordinator:
     async def _close_round(self, reason: str, active: int) -> None:
         current = self.machine.begin_aggregation()
         t0 = self.clock()
+        await self.checkpointer.written()  # the last round's write: the outer step changes its arrays
+        t1 = self.clock()
         try:
-            record = await asyncio.to_thread(self._aggregate_and_persist, current, reason, active)
+            record = await asyncio.to_thread(self._aggregate, current, reason, active)
         except Exception as error:
             log.error("round %d: aggregation failed (%s); reopening it without its updates", current.number, error)
             self.aggregator.reset()
@@ -380,9 +392,17 @@ class Coordinator:
         # pack the next round's weights first, then open that round and publish them with no await
         # in between: GET /v1/weights (which does not take the lock) must never pair the new round
         # number with the old body (a worker that gets such a pair gives up: "weights do not match")
+        t2 = self.clock()
         body = await asyncio.to_thread(self._pack_weights, current.number + 1)
         self.machine.finish(self.clock())
         self.weights_body = body
+        # what the workers wait for: the last checkpoint's write (if still going), the aggregation
+        # with the outer step, and packing the weights
+        record["close_s"] = round(self.clock() - t0, 3)
+        record["close_parts_s"] = {"checkpoint_wait": round(t1 - t0, 3), "aggregate": round(t2 - t1, 3),
+                                   "pack": round(self.clock() - t2, 3)}
+        self.checkpointer.start(self.machine.number, self.weights, self.outer, self.history,
+                                self.config.model_dump())
         # members.json only ever from the event loop, like join and leave do: from the aggregation
         # thread it raced them (one temp file: "members.json.tmp -> members.json: no such file", a 500
         # to a join; or a list serialized while a join changed it)
@@ -403,8 +423,9 @@ class Coordinator:
         event, self._round_event = self._round_event, asyncio.Event()
         event.set()
 
-    def _aggregate_and_persist(self, current, reason: str, active: int) -> dict[str, Any]:
-        """In a thread: outer step, history, checkpoint (no evaluation: the workers report it). Raises
+    def _aggregate(self, current, reason: str, active: int) -> dict[str, Any]:
+        """In a thread: outer step and history (no evaluation: the workers report it; the checkpoint
+        is written once the next round is open, coop.coordinator.persist). Raises
         (state untouched) if the aggregate is unusable; the weights only change once outer.step has checked it."""
         pseudo_grad = self.aggregator.result()
         lr = self.outer.current_lr()
@@ -433,18 +454,7 @@ class Coordinator:
         }
         self.aggregator.reset()
         self.history.append(record)
-        try:
-            self._persist_closed_round()
-        except OSError as error:  # the step is taken in memory; the next round's save will retry
-            log.error("round %d: could not write the state directory (%s); a restart now would lose this round",
-                      current.number, error)
         return record
-
-    def _persist_closed_round(self) -> None:
-        """During aggregation of round r: the state after r's outer step, to resume at round r + 1.
-        (members.json is written by _close_round, on the event loop: see there.)"""
-        save_round(self.state_dir, round_number=self.machine.number + 1, weights=self.weights,
-                   outer_state=self.outer.state_dict(), history=self.history, config=self.config.model_dump())
 
     # -- long-poll -----------------------------------------------------------------------------------
     async def wait_round_end(self, round_number: int, timeout_s: float, record: WorkerRecord | None) -> dict[str, Any]:
@@ -468,32 +478,7 @@ class Coordinator:
 
     # -- status ----------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        now = self.clock()
-        timeout = self.config.coordinator.worker_timeout_s
-        current = self.machine.round
-        active = self.members.active(now, timeout)
-        return {
-            "kind": "coordinator",
-            "version": __version__,
-            "uptime_s": round(now - self.started_at, 1),
-            "round": current.number,
-            "phase": current.phase.value,
-            "done": self.machine.done,
-            "max_rounds": self.config.rounds.max_rounds,
-            "open_for_s": round(now - current.opened_at, 1),
-            "deadline_s": round(current.deadline_s, 2),
-            "reports": sorted(current.reports),
-            "active_workers": len(active),
-            "quorum": self.machine.quorum(len(active)),
-            "model": {**asdict(self.model_config), "parameters": self.n_params},
-            "data": self.data.describe(),
-            "compression": self.config.compression.model_dump(),
-            "inner_steps": self.config.inner.inner_steps,
-            "totals": dict(self.totals),
-            "workers": [w.public(now, timeout) for w in self.members.workers.values()],
-            "val_loss": latest_val(self.history),
-            "history": self.history,
-        }
+        return status_of(self)
 
 
 def _fmt(value: float | None) -> str:

@@ -14,11 +14,18 @@ missed a round starts afresh from the whole download.
 The val loss of the global weights is the workers' to measure (the coordinator never runs the
 model): each reports its loss of the weights of round r (POST /v1/rounds/{r}/eval) right after
 its upload, when it would otherwise wait, and the final weights' once the run is done.
+
+With overlap ([outer] overlap_steps), exchange hands the update to a background thread and
+returns at once ("queued"): the upload, the long-poll and the next download run there while the
+replica trains the next round; the evaluation of round r's weights runs when the replica would
+wait for r's merge anyway. The update's fate (accepted, stale, ...) arrives in `Delivery.settled`.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,9 +50,10 @@ class Delivery:
     """What became of a round's update: "accepted", or the coordinator's reason for a 409
     ("stale", "aggregating", "done", ...), or "diverged" when nothing was sent."""
 
-    outcome: str
+    outcome: str  # or "queued": sent in the background (overlap), what became of it is `settled`'s
     nbytes: int = 0
     done: bool = False  # the run ended with this round
+    settled: Future | None = None  # of the Delivery once the background upload has an answer
 
 
 @dataclass
@@ -77,11 +85,25 @@ class HttpTransport:
         # download run here, in the background
         self.overlap_steps = overlap_steps
         self.pending: Future | None = None  # of the next RoundStart (None: the run ended)
+        self.eval_due: tuple[int, dict[str, np.ndarray]] | None = None  # (round, its weights) to evaluate
         self.background = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="coop-overlap")
                            if overlap_steps else None)
         self.weights: dict[str, np.ndarray] | None = None
         self.weights_round: int | None = None
         self.accepted_round: int | None = None  # the last round whose update the coordinator took
+        # seconds the training thread spent on each part of a round outside its inner steps (what
+        # the background does beside them is not counted): the worker's summary shows them
+        self.spent = {"download": 0.0, "upload": 0.0, "eval": 0.0, "wait": 0.0}
+        self._training_thread = threading.current_thread()
+
+    @contextlib.contextmanager
+    def timed(self, part: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if threading.current_thread() is self._training_thread:
+                self.spent[part] += time.perf_counter() - started
 
     # -- begin -------------------------------------------------------------------------------------
     def begin(self) -> RoundStart | None:
@@ -89,16 +111,27 @@ class HttpTransport:
         accepted update: a start still on its way (`arrival`), for the replica to train beside."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            return RoundStart(-1, None, arrival=pending, apply_after=self.overlap_steps)
+            return RoundStart(-1, None, arrival=pending, apply_after=self.overlap_steps, idle=self.deferred_eval)
         return self.start_now()
+
+    def deferred_eval(self) -> None:
+        """With overlap: the val loss of the last round's weights, from the training thread, when it
+        has to wait for a merge anyway (else before the next upload, or once the run is done)."""
+        if self.eval_due is not None:
+            (round_number, weights), self.eval_due = self.eval_due, None
+            with self.timed("eval"):
+                self.report_val(round_number, weights)
 
     def start_now(self, evaluate: bool = True) -> RoundStart | None:
         """Download the open round's weights and check it is open; None when the run is done (after
         the final weights' val loss, when `evaluate`: from the training thread only, it runs the model)."""
         while True:
-            round_number = self.fetch_weights()
-            info = self.client.request("POST", "/v1/heartbeat", json={}).json()
+            with self.timed("download"):
+                round_number = self.fetch_weights()
+                info = self.client.request("POST", "/v1/heartbeat", json={}).json()
             if info["done"]:
+                if evaluate:
+                    self.deferred_eval()
                 if info["round"] == round_number and evaluate:  # the final weights: the history wants their loss
                     self.report_val(round_number)
                 self.say(f"the run is done at round {info['round']}")
@@ -165,16 +198,22 @@ class HttpTransport:
         if result.losses:
             self.step_seconds = result.seconds / len(result.losses)
         body = self.pack(contribution)
+        if self.overlap_steps:  # the upload, the round's close and its merge's download in the background
+            self.deferred_eval()  # the last one's, if no wait came to run it
+            self.eval_due = (round_index, self.weights)  # evaluated while we wait for its merge
+            settled: Future = Future()
+            self.pending = self.background.submit(self._deliver_then_next, round_index, body, settled)
+            return Delivery("queued", len(body), settled=settled)
         started = time.monotonic()
-        outcome = self.upload(round_index, body)
+        with self.timed("upload"):
+            outcome = self.upload(round_index, body)
         self.upload_seconds = time.monotonic() - started
         if outcome == "accepted":
             self.accepted_round = round_index
-            self.report_val(round_index)  # while the others finish the round
-            if self.overlap_steps:  # the next round trains while this one closes and its merge comes down
-                self.pending = self.background.submit(self._next_start, round_index, body)
-                return Delivery("accepted", len(body))
-            end = self.wait_round_end(round_index, body)
+            with self.timed("eval"):
+                self.report_val(round_index)  # while the others finish the round
+            with self.timed("wait"):
+                end = self.wait_round_end(round_index, body)
             if end["done"]:  # the worker stops here: the final weights' val loss first
                 self.report_final()
             return Delivery("accepted", len(body), bool(end["done"]))
@@ -182,11 +221,27 @@ class HttpTransport:
             self.wait_round_end(round_index, None)
         return Delivery(outcome, len(body), outcome == "done")
 
-    def _next_start(self, round_index: int, body: bytes) -> RoundStart | None:
-        """In the background: wait for round r to close, then the next round's start."""
-        if self.wait_round_end(round_index, body)["done"]:
-            return None  # the training thread's next begin() evaluates the final weights and ends
-        return self.start_now(evaluate=False)
+    def _deliver_then_next(self, round_index: int, body: bytes, settled: Future) -> RoundStart | None:
+        """In the background: upload round r's update (its answer to `settled`), wait for r to close,
+        then the next round's start; None when the run is done (the training thread's next begin()
+        evaluates the final weights and ends)."""
+        try:
+            started = time.monotonic()
+            outcome = self.upload(round_index, body)
+            self.upload_seconds = time.monotonic() - started
+        except BaseException as error:
+            settled.set_exception(error)
+            raise
+        if outcome == "accepted":
+            self.accepted_round = round_index
+        settled.set_result(Delivery(outcome, len(body), outcome == "done"))
+        if outcome == "accepted" and self.wait_round_end(round_index, body)["done"]:
+            return None
+        if outcome == "aggregating":
+            self.wait_round_end(round_index, None)
+        if outcome == "done":
+            return None
+        return self.start_now(evaluate=False)  # a refused update: round_start says to start afresh
 
     def pack(self, contribution: Contribution) -> bytes:
         result = contribution.result
@@ -210,16 +265,16 @@ class HttpTransport:
             return "accepted"
         return reason
 
-    def report_val(self, round_number: int) -> None:
-        """Evaluate the weights of round r (those downloaded) on this worker's device and report the
-        loss, when the run asks for it and this worker has not yet. The val loss is a measurement,
-        not training: whatever goes wrong with it is said and the rounds go on."""
+    def report_val(self, round_number: int, weights: dict[str, np.ndarray] | None = None) -> None:
+        """Evaluate the weights of round r (those downloaded, or `weights`) on this worker's device and
+        report the loss, when the run asks for it and this worker has not yet. The val loss is a
+        measurement, not training: whatever goes wrong with it is said and the rounds go on."""
         val = self.val
         if val is None or round_number in val.done or not eval_due(round_number, val.every, val.max_rounds):
             return
         val.done.add(round_number)
         try:
-            loss, tokens = val.evaluate(self.weights)
+            loss, tokens = val.evaluate(self.weights if weights is None else weights)
         except Exception as error:  # e.g. out of device memory: the next round must still run
             self.say(f"round {round_number}: could not evaluate the global weights ({type(error).__name__}: {error})")
             return

@@ -15,6 +15,8 @@ token the coordinator no longer knows joins again and carries on at the current 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import os
 import re
@@ -108,6 +110,10 @@ class Worker:
         self.refused_in_a_row = 0  # reset by an accepted update
         self.tokens = 0
         self.train_seconds = 0.0  # in inner steps, over the rounds that counted
+        self.merge_wait_seconds = 0.0  # blocked on a merge in the middle of a round (overlap)
+        self.first_round_at: float | None = None
+        self.unsettled: RoundReport | None = None  # sent in the background, its answer not yet counted
+        self.transport: HttpTransport | None = None
         self.last_loss: float | None = None
         self.started = time.monotonic()
         self.heartbeat: Heartbeat | None = None
@@ -139,11 +145,10 @@ class Worker:
             codec = get_codec(info["compression"]["codec"], **info["compression"]["options"])
             parts = fragments(shapes, int(info.get("fragments", 1)))  # streaming DiLoCo: a fragment a round
             self.val_check = ValCheck(every, int(info["max_rounds"]), self.evaluate_global)
-            self.loop = RoundLoop(self.replica, codec,
-                                  HttpTransport(self.client, shapes, self.say, parts, self.val_check,
-                                                overlap_steps=int(info.get("overlap_steps", 0)),
-                                                round_steps=int(info["inner_steps"]) // len(parts)),
-                                  int(info["inner_steps"]) // len(parts))
+            self.transport = HttpTransport(self.client, shapes, self.say, parts, self.val_check,
+                                           overlap_steps=int(info.get("overlap_steps", 0)),
+                                           round_steps=int(info["inner_steps"]) // len(parts))
+            self.loop = RoundLoop(self.replica, codec, self.transport, int(info["inner_steps"]) // len(parts))
             n_params = sum(p.numel() for p in self.replica.model.parameters())
             self.say(f"joined {self.client.url} as {info['worker_id']} at round {info['round']}: GPT "
                      f"{n_params / 1e6:.2f}M parameters, K = {info['inner_steps']}, codec "
@@ -200,15 +205,20 @@ class Worker:
     def evaluate_global(self, weights: dict[str, np.ndarray]) -> tuple[float, int]:
         """(mean loss, tokens) of the global weights on the val slice, on this worker's device under its
         training precision. evaluate_weights puts the replica's own weights back (a streaming replica's
-        local ones train on), and draws its windows with a fixed seed: every worker evaluates the same."""
+        local ones train on) and draws the windows with a fixed seed. The workers share them: shard i of
+        n evaluates windows i, i + n, ..., so the coordinator's token-weighted mean of the n reports is
+        the whole evaluation, at 1/n of its cost to each."""
         batches = int(self.run_info["eval"]["batches"])
-        loss = self.replica.evaluate_weights(weights, self.val_data, batches)
-        return loss, batches * self.replica.inner.batch_size * self.replica.inner.block_size
+        count = min(int(self.run_info["shard"]["count"]), batches)
+        index = int(self.run_info["shard"]["index"]) % count
+        loss = self.replica.evaluate_weights(weights, self.val_data, batches, part=(index, count))
+        return loss, len(range(index, batches, count)) * self.replica.inner.batch_size * self.replica.inner.block_size
 
     # -- the rounds --------------------------------------------------------------------------------
     def run(self) -> int:
         """Train until the run is done (0), or raise KeyboardInterrupt / WorkerError."""
         self.join()
+        self.first_round_at = time.monotonic()
         while True:
             try:
                 report = self.loop.run_round()
@@ -217,17 +227,43 @@ class Worker:
                 self.client.token = None
                 self.join()
                 continue
-            if report is None or self._account(report):
+            if report is None:
+                self._settle()  # the last update sent in the background
+                return 0
+            if self._account(report):
                 return 0
 
     def _account(self, report: RoundReport) -> bool:
-        """Count and show one round; True when the worker should stop (run done or --max-rounds reached)."""
+        """Count and show one round; True when the worker should stop (run done or --max-rounds reached).
+        An update sent in the background (overlap) is counted once its answer came: at the next
+        round's end, by when its merge has arrived, or when the run ends."""
+        if self._settle():
+            return True
+        if report.outcome.outcome == "queued":
+            self.unsettled = report
+            return False
+        return self._count(report)
+
+    def _settle(self) -> bool:
+        """Count the update still in the background, if any; True when the worker should stop."""
+        if self.unsettled is None:
+            return False
+        report, self.unsettled = self.unsettled, None
+        try:
+            delivery = report.outcome.settled.result(timeout=600)
+        except Exception as error:  # the upload failed: the round loop has said so or will
+            self.say(f"round {report.round}: the upload did not complete ({type(error).__name__}: {error})")
+            return False
+        return self._count(dataclasses.replace(report, outcome=delivery))
+
+    def _count(self, report: RoundReport) -> bool:
         delivery = report.outcome
         if delivery.outcome == "accepted":
             self.refused_in_a_row = 0
             self.contributed += 1
             self.tokens += report.result.tokens
             self.train_seconds += report.result.seconds
+            self.merge_wait_seconds += report.result.waited
             self.last_loss = report.result.mean_loss
             self._progress(report.round, report.result, delivery.nbytes)
             if self.options.max_rounds is not None and self.contributed >= self.options.max_rounds:
@@ -269,12 +305,21 @@ class Worker:
             self.client.token = None
 
     def summary(self) -> str:
-        elapsed = time.monotonic() - self.started
+        now = time.monotonic()
+        elapsed = now - self.started
         loss = "-" if self.last_loss is None else f"{self.last_loss:.4f}"
-        return (f"{self.contributed} rounds contributed ({self.stale} refused as stale), {self.tokens:,} tokens, "
+        line = (f"{self.contributed} rounds contributed ({self.stale} refused as stale), {self.tokens:,} tokens, "
                 f"last local loss {loss}, up {self.client.bytes_up / 1e6:.1f} MB, down "
-                f"{self.client.bytes_down / 1e6:.1f} MB in {format_duration(elapsed)}; in inner steps "
-                f"{self.train_seconds:.1f} s of {elapsed:.1f} s ({100 * self.train_seconds / max(elapsed, 1e-9):.0f}%)")
+                f"{self.client.bytes_down / 1e6:.1f} MB in {format_duration(elapsed)}")
+        if self.first_round_at is None or self.transport is None:
+            return line
+        # from the first round's start (the join, the shard's download and the set-up are not rounds)
+        rounds = now - self.first_round_at
+        spent = dict(self.transport.spent)
+        spent["wait"] += self.merge_wait_seconds
+        parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in spent.items())
+        return (f"{line}; in inner steps {self.train_seconds:.2f} s of {rounds:.2f} s of rounds "
+                f"({100 * self.train_seconds / max(rounds, 1e-9):.0f}%; outside them: {parts})")
 
     def close(self) -> None:
         self.leave()

@@ -1,6 +1,8 @@
 """The coordinator in-process (FastAPI TestClient): auth, updates, rounds, persistence, resume."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -53,6 +55,14 @@ def join(client, token="tok", name="w"):
     return info, {"Authorization": f"Bearer {info['worker_token']}"}
 
 
+def wait_saved(client, auth, round_number):
+    """The checkpoint is written beside the next round (coop.coordinator.persist): the status says when."""
+    deadline = time.monotonic() + 10
+    while client.get("/v1/status", headers=auth).json()["checkpoint"]["resumes_at"] != round_number:
+        assert time.monotonic() < deadline, f"the checkpoint resuming at round {round_number} was never written"
+        time.sleep(0.02)
+
+
 def update_body(coordinator, round_number, value=0.01, tokens=32, codec="fp32"):
     update = {k: np.full(v.shape, value, np.float32) for k, v in coordinator.weights.items()}
     encoded = get_codec(codec).encode(update)
@@ -102,6 +112,7 @@ def test_a_round_closes_applies_the_outer_step_and_persists(make, tmp_path):
     mean = (0.01 * 32 + 0.03 * 96) / 128  # weighted by tokens
     k = next(iter(before))
     np.testing.assert_allclose(coordinator.weights[k], before[k] - 0.7 * (mean + 0.9 * mean), rtol=1e-5, atol=1e-7)
+    wait_saved(client, a, 1)
     saved = load_run(tmp_path / "state")
     assert saved.round == 1 and np.array_equal(saved.weights[k], coordinator.weights[k])
     assert saved.outer_state["step_count"] == 1 and saved.history[-1]["contributors"] == 2
@@ -149,6 +160,7 @@ def test_resume_from_the_state_directory(make, tmp_path):
     assert client.get("/v1/rounds/0/wait", params={"timeout_s": 5}, headers=a).json()["closed"]
     weights = {k: v.copy() for k, v in coordinator.weights.items()}
     momentum = {k: v.copy() for k, v in coordinator.outer.momentum_buffer.items()}
+    wait_saved(client, a, 1)
 
     resumed, client2 = make(None, state_dir=tmp_path / "state")  # None: the config saved with the run
     assert resumed.machine.number == 1 and resumed.outer.step_count == 1
