@@ -43,6 +43,7 @@ def test_a_killed_rank_ends_its_worker_and_the_run_goes_on(tmp_path, procs):
     assert "rank 1 was killed by SIGKILL" in pair.output()
     status = coordinator.wait_status(lambda s: s["done"], 180, "the run to finish without the pair", [solo.log])
     assert solo.wait(60) == 0, solo.output()[-3000:]
-    record = next(w for w in status["workers"] if w["name"] == "pair")
-    assert not record["active"], record  # it left (rank 0 went through the worker's leave path) or timed out
+    # it left (rank 0 went through the worker's leave path): inactive, or forgotten if none of its updates counted
+    record = next((w for w in status["workers"] if w["name"] == "pair"), {"active": False})
+    assert not record["active"], record
     assert status["history"][-1]["contributors"] == 1
