@@ -385,7 +385,8 @@ def start_from_args(args: argparse.Namespace) -> int:
         print(problem, file=sys.stderr)
         return 2
     if launch.wants_launch(args):  # --gpus: one rank per GPU; rank 0 is the peer, the others follow it
-        return launch.launch("coop swarm start", "coop.cli", getattr(args, "argv", sys.argv[1:]), args)
+        module, argv = ("coop.cli", args.argv) if hasattr(args, "argv") else ("coop.gossip.peer", sys.argv[1:])
+        return launch.launch("coop swarm start", module, argv, args)
     place = launch.current_rank()
     if place is not None:
         args.device = place.device

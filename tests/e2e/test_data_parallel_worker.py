@@ -47,3 +47,44 @@ def test_a_killed_rank_ends_its_worker_and_the_run_goes_on(tmp_path, procs):
     record = next((w for w in status["workers"] if w["name"] == "pair"), {"active": False})
     assert not record["active"], record
     assert status["history"][-1]["contributors"] == 1
+
+
+SWARM_CONFIG = """
+seed = 3
+[model]
+n_layer = 1
+n_head = 2
+n_embd = 32
+block_size = 32
+[data]
+default_chars = 60000
+[inner]
+steps = 4
+batch_size = 8
+[rounds]
+max_rounds = 3
+eval_every = 3
+eval_batches = 2
+[gossip]
+group_size = 2
+heartbeat_s = 0.5
+"""
+
+
+def test_a_two_rank_peer_trains_its_swarm_and_a_plain_peer_joins_it(tmp_path):
+    from p2p_helpers import PeerProcess, wait_until as wait_peers  # (the p2p tests' peer processes)
+    (tmp_path / "run.toml").write_text(SWARM_CONFIG)
+    first = PeerProcess("pair", ["start", "--config", str(tmp_path / "run.toml"), "--wait-peers", "2",
+                                 "--cpu-ranks", "2", "--linger", "60"], tmp_path, "tok")
+    try:
+        wait_peers(first.status, 120, "the two-rank peer to serve", [first])
+        second = PeerProcess("solo", ["join", first.url, "--linger", "60"], tmp_path, "tok")
+        try:
+            done = wait_peers(lambda: (s := first.status()) and s["phase"] == "done" and s, 240,
+                              "the swarm to finish its 3 rounds", [first, second])
+            assert done["round"] == 3 and done["val_loss"] is not None, done
+            assert "started 2 ranks on the CPU" in first.log_path.read_text()
+        finally:
+            second.stop()
+    finally:
+        first.stop()
