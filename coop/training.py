@@ -137,11 +137,13 @@ class TrainStep:
             total = loss.detach()
         else:
             total = None
+            no_sync = getattr(self.model, "no_sync", None)  # data parallel: reduce only the last micro-batch's sum
             for i in range(self.grad_accum):
                 with autocast_for(self.device, self.precision):
                     _, loss = self.model(x[i], y[i])
                 loss = loss * (1.0 / self.grad_accum)
-                loss.backward()
+                with no_sync() if no_sync is not None and i < self.grad_accum - 1 else contextlib.nullcontext():
+                    loss.backward()
                 total = loss.detach() if total is None else total + loss.detach()
         if self.grad_clip:
             clip_grad_norm_(self.model.parameters(), self.grad_clip)

@@ -61,10 +61,10 @@ def test_bad_launch_options_exit_2(argv, message, tmp_path):
 
 
 def test_train_on_two_cpu_ranks(tmp_path):
-    out = coop("train", "--cpu-ranks", "2", "--out", str(tmp_path / "run"), *TRAIN, cwd=tmp_path)
+    out = coop("train", "--cpu-ranks", "2", "--grad-accum", "2", "--out", str(tmp_path / "run"), *TRAIN, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
     assert "started 2 ranks on the CPU" in out.stderr
-    assert "256 tokens per step" in out.stdout  # 4 x 32 x 2 ranks: every rank's batch counts
+    assert "512 tokens per step" in out.stdout  # 4 x 32 x 2 micro-batches x 2 ranks: every rank's batch counts
     assert "done: 20 steps" in out.stdout and out.stdout.count("done:") == 1  # rank 0 alone reports
     assert (tmp_path / "run" / "checkpoint").exists() and (tmp_path / "run" / "metrics.jsonl").exists()
 
