@@ -69,11 +69,30 @@ def test_train_on_two_cpu_ranks(tmp_path):
     assert (tmp_path / "run" / "checkpoint").exists() and (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def _sigint_handled() -> None:
+    # a test run in the background (`pytest &`) has SIGINT ignored, and a child would inherit that:
+    # the launcher plays the terminal's foreground program here, which gets Ctrl-C
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def long_run(tmp_path):
+    """A `coop train --cpu-ranks 2` that would run for hours; killed at the end whatever happens."""
+    launcher, pids = start_long_run(tmp_path)
+    yield launcher, pids
+    for pid in [launcher.pid, *pids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    launcher.wait(30)
+
+
 def start_long_run(tmp_path) -> tuple[subprocess.Popen, list[int]]:
     launcher = subprocess.Popen([sys.executable, "-m", "coop.cli", "train", "--cpu-ranks", "2", "--out",
                                  str(tmp_path / "run"), *TRAIN[:-1], "--max-steps", "100000", "--eval-every", "0",
                                  "--checkpoint-every", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, cwd=tmp_path)
+                                text=True, cwd=tmp_path, preexec_fn=_sigint_handled)
     first = launcher.stderr.readline()
     match = re.search(r"pids (\d+), (\d+)", first)
     assert match, first
@@ -95,8 +114,8 @@ def gone(pid: int) -> bool:
         return f.read().split(")")[-1].split()[0] == "Z"
 
 
-def test_a_killed_rank_ends_the_run_with_a_clear_error(tmp_path):
-    launcher, (rank0, rank1) = start_long_run(tmp_path)
+def test_a_killed_rank_ends_the_run_with_a_clear_error(long_run):
+    launcher, (rank0, rank1) = long_run
     os.kill(rank1, signal.SIGKILL)
     killed = time.monotonic()
     _, err = launcher.communicate(timeout=120)
@@ -106,8 +125,8 @@ def test_a_killed_rank_ends_the_run_with_a_clear_error(tmp_path):
     assert gone(rank0) and gone(rank1)
 
 
-def test_ctrl_c_ends_every_rank(tmp_path):
-    launcher, pids = start_long_run(tmp_path)
+def test_ctrl_c_ends_every_rank(long_run):
+    launcher, pids = long_run
     launcher.send_signal(signal.SIGINT)
     _, err = launcher.communicate(timeout=120)
     assert launcher.returncode == 130, err
