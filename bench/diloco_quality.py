@@ -2,13 +2,13 @@
 
 Prints one JSON line per run: the setting, DiLoCo's final val loss, the DDP baseline's on the same
 setup (same data, init, eval windows), the gap in percent, and bytes sent per replica against
-DDP's. The defaults are the settings of `../shared/bench/torch_diloco_reference.py` (4 replicas x
+DDP's. The defaults are the settings of a PyTorch DiLoCo reference script (4 replicas x
 batch 16, K = 50, 2000 inner steps, AdamW 1e-3 -> 1e-4 with 100 warm-up steps and beta2 0.99,
 outer Nesterov 0.7 / 0.9, a 3.2M GPT of 4 layers, width 256, block 128), so `--reference PATH`
 runs that PyTorch script in the same call and prints its lines too.
 
     python bench/diloco_quality.py --device cuda --shakespeare data/tinyshakespeare.txt \\
-        --reference ../shared/bench/torch_diloco_reference.py
+        --reference torch_diloco_reference.py     # optional: the PyTorch script, kept outside the project
     python bench/diloco_quality.py --plan smoke                  # a tiny CPU run of the plan's shape
 """
 from __future__ import annotations
@@ -127,7 +127,7 @@ def make_config(setting: dict, device: str, shakespeare: str | None, out: str) -
     data = None
     if corpus == "shakespeare":
         if not shakespeare or not os.path.isfile(shakespeare):
-            raise SystemExit("the plan needs tinyshakespeare: pass --shakespeare PATH (../shared/data/tinyshakespeare.txt)")
+            raise SystemExit("the plan needs tinyshakespeare: pass --shakespeare PATH (tinyshakespeare.txt, fetched from its public URL as nanoGPT does: docs/results.md, Setup)")
         data = [shakespeare]
     setting.setdefault("default_corpus_chars", 40_000_000)
     setting.pop("steps", None)
@@ -146,7 +146,10 @@ def with_steps(cfg: sim.SimulateConfig, steps: int | None, **overrides) -> sim.S
 
 def plot(jsonl: str, out: str) -> None:
     """Gap to DDP against fewer bytes than DDP, one point per DiLoCo run, one colour per setting."""
-    import matplotlib  # only the plot needs it
+    try:
+        import matplotlib  # only the plot needs it (optional: coop[plot])
+    except ModuleNotFoundError:
+        raise SystemExit("the plot needs matplotlib: pip install 'coop[plot]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

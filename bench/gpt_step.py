@@ -5,8 +5,7 @@ per config with every mode's tokens/s as a ratio to PyTorch's torch.compile bf16
 run, same GPU). Modes: engine fp32 (TF32 matmuls), engine bf16 (engine.autocast) and engine bf16 with
 the whole step replayed as one CUDA graph (engine.cuda.graphs.CapturedStep); PyTorch eager
 fp32 (TF32), eager bf16 (torch.autocast) and torch.compile bf16, where torch is importable. The two
-configurations and the PyTorch model are those of ../shared/bench/torch_gpt_baseline.py (copied
-here, since ../shared does not travel everywhere).
+configurations and the PyTorch model are the reference ones (bench/torch_gpt.py).
 
     python bench/gpt_step.py                      # both configs, 30 timed steps after 8 warm-up
     python bench/gpt_step.py --configs shakespeare_char --steps 10 --no-torch

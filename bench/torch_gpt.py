@@ -1,4 +1,4 @@
-"""The PyTorch GPT the engine is measured against (the same model as ../shared/bench/torch_gpt_baseline.py:
+"""The PyTorch GPT the engine is measured against (the project's PyTorch reference model:
 pre-LN blocks, tanh-GELU MLP, tied head, learned positions), importable by the benchmarks here.
 torch is imported by the caller; this file is never imported by the project itself."""
 import torch

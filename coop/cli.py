@@ -1,4 +1,4 @@
-"""The `coop` command: `coop train`, `coop sample`, `coop simulate`, `coop swarm`, `coop info`."""
+"""The `coop` command: `coop train`, `coop sample`, `coop export`, `coop simulate`, `coop swarm`, `coop info`."""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +8,10 @@ import sys
 
 import engine.__main__ as engine_info
 from coop import __version__
+from coop.options import CommandParser
 
 # subcommand modules, each with add_parser(subparsers) that sets `run`
-SUBCOMMANDS = ["coop.train", "coop.sample", "coop.simulate", "coop.gossip.cli"]
+SUBCOMMANDS = ["coop.train", "coop.sample", "coop.export", "coop.simulate", "coop.gossip.cli"]
 
 
 def _info(args) -> int:
@@ -19,7 +20,7 @@ def _info(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="coop", description="Train one GPT together on pooled GPUs (DiLoCo).")
+    parser = CommandParser(prog="coop", description="Train one GPT together on pooled GPUs (DiLoCo).")
     parser.add_argument("--version", action="version", version=f"coop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:

@@ -77,6 +77,7 @@ class Replica:
                                        warmup_steps=c.warmup_steps, total_steps=c.total_steps,
                                        precision=c.precision, grad_clip=c.grad_clip, graph=graph)
         self.tokens_seen = 0
+        self.step_callback: Callable[[int], None] | None = None  # after each inner step, with its tokens (progress)
         self.anchor: dict[str, np.ndarray] = {}  # global weights last loaded: what deltas are taken against
         self.sent_at: dict[str, np.ndarray] = {}  # local weights when last sent, until their merge is loaded
         self._eval_model: GPT | None = None  # evaluate_weights' own copy, made on first use
@@ -103,6 +104,8 @@ class Replica:
         x, y = self.next_batch()
         loss = self.train_step_fn(x, y)
         self.tokens_seen += x.numel()
+        if self.step_callback is not None:
+            self.step_callback(x.numel())
         return loss
 
     def weights(self) -> dict[str, np.ndarray]:

@@ -5,7 +5,8 @@ file (TOML, YAML or JSON), validated by pydantic; unknown keys are refused, so a
 silently, and every error names the field (`coordinator.min_deadline_s: ...`).
 
     seed          initial weights, worker seeds, the swarm's group draws
-    [model]       GPT shape (vocab from the tokenizer unless given)
+    [model]       GPT shape (vocab from the tokenizer unless given); init_from: a Hugging Face GPT-2
+                  directory to start from (coop.init_from)
     [data]        path = "default" (Python's stdlib source) or a text file; tokenizer = "char" | "bpe"
     [inner]       steps = K and the inner optimizer of every worker/peer (coop.replica.InnerConfig)
     [outer]       Nesterov SGD on the global weights (coop.diloco.NesterovSGD)
@@ -56,7 +57,10 @@ class Section(BaseModel):
 
 class ModelSection(Section):
     """GPT shape. vocab_size None: the tokenizer's; a larger value pads the embedding (e.g. 50304,
-    GPT-2's 50257 rounded up to a multiple of 64, as nanoGPT does)."""
+    GPT-2's 50257 rounded up to a multiple of 64, as nanoGPT does). init_from: a Hugging Face GPT-2
+    directory (config.json, model.safetensors, tokenizer.json) the global model starts from; the run
+    then tokenizes with its tokenizer, and the shape keys left out are its (coop.init_from fills
+    them in where the run starts; given ones must agree)."""
 
     vocab_size: int | None = Field(None, ge=2)
     n_layer: int = Field(4, ge=1)
@@ -65,6 +69,7 @@ class ModelSection(Section):
     block_size: int = Field(128, ge=2)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     bias: bool = True
+    init_from: str | None = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelSection:
@@ -344,7 +349,7 @@ class RunConfig(Section):
         if vocab < tokenizer_vocab_size:
             raise ValueError(f"model.vocab_size {vocab} is smaller than the tokenizer's {tokenizer_vocab_size}; "
                              "leave it out or make it larger")
-        return GPTConfig(vocab_size=vocab, **self.model.model_dump(exclude={"vocab_size"}))
+        return GPTConfig(vocab_size=vocab, **self.model.model_dump(exclude={"vocab_size", "init_from"}))
 
     def inner_config(self) -> InnerConfig:
         return InnerConfig(**self.inner.model_dump(exclude={"inner_steps", "total_steps"}),
@@ -411,6 +416,7 @@ n_layer = 4
 n_head = 4
 n_embd = 128
 block_size = 128
+# init_from = "gpt2-dir"  # start from a Hugging Face GPT-2 directory: its weights, shape and tokenizer
 
 [data]             # read by the coordinator, or by the swarm's first peer
 path = "default"   # a UTF-8 text file, or "default" (Python's stdlib source)

@@ -1,10 +1,13 @@
 """`coop sample CHECKPOINT`: text from a trained model, as nanoGPT's sample.py.
 
-Reads a checkpoint of `coop train` (its model config, weights and tokenizer travel in it) and
-samples with the model's KV cache on any device: temperature, top-k and nucleus (top-p)
-filtering, a seed for the same text twice.
+Reads a checkpoint of `coop train` (its model config, weights and tokenizer travel in it), a
+coordinator's state directory, a model file (what `GET /v1/model` answers, a peer's
+--out/model.safetensors) or a Hugging Face GPT-2 directory (coop.model_source), and samples with
+the model's KV cache on any device: temperature, top-k and nucleus (top-p) filtering, a seed for
+the same text twice.
 
     coop sample runs/train/checkpoint --prompt "ROMEO:" --max-new-tokens 200 --temperature 0.8 --top-k 40
+    coop sample state/ --prompt "def "          # the global model of a coordinator's run
 """
 from __future__ import annotations
 
@@ -14,25 +17,19 @@ import sys
 import numpy as np
 
 import engine
-from engine.checkpoint import CheckpointNotFoundError, load_checkpoint
-from engine.data import tokenizer_from_json
-from engine.nn import GPT, GPTConfig
+from engine.checkpoint import CheckpointNotFoundError
 
 from .devices import device_problem
+from .model_source import load_trained
 
 
 def sample(checkpoint: str, prompt: str = "\n", max_new_tokens: int = 200, temperature: float = 0.8,
            top_k: int | None = None, top_p: float | None = None, seed: int = 0, device: str = "cpu",
            samples: int = 1) -> list[str]:
     """`samples` continuations of `prompt` (the prompt included), decoded by the checkpoint's tokenizer."""
-    state = load_checkpoint(checkpoint)
-    missing = [key for key in ("model", "model_config", "tokenizer") if key not in state]
-    if missing:
-        raise ValueError(f"{checkpoint} has no {', '.join(missing)}: not a checkpoint of `coop train`")
-    tokenizer = tokenizer_from_json(state["tokenizer"])
-    model = GPT(GPTConfig.from_dict(state["model_config"]))
-    model.load_state_dict(state["model"])
-    model = model.to(device)
+    trained = load_trained(checkpoint)
+    tokenizer = trained.tokenizer
+    model = trained.model(device)
     ids = tokenizer.encode(prompt)
     if not ids:
         raise ValueError("the prompt encodes to no tokens; give some text (the default is a newline)")
@@ -43,9 +40,10 @@ def sample(checkpoint: str, prompt: str = "\n", max_new_tokens: int = 200, tempe
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("sample", help="sample text from a checkpoint of `coop train`",
+    p = subparsers.add_parser("sample", help="sample text from a trained model (coop train, a coordinator, a peer)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a checkpoint directory, e.g. runs/train/checkpoint")
+    p.add_argument("checkpoint", help="a checkpoint directory (runs/train/checkpoint), a coordinator's state "
+                                      "directory, a model file or a Hugging Face GPT-2 directory")
     p.add_argument("--prompt", default="\n", help="the text to continue (default: a newline)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="(default: 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0: always the most likely token (default: 0.8)")

@@ -3,7 +3,8 @@
 AdamW with warm-up + cosine, gradient accumulation and clipping, val loss every N steps, a
 progress line, atomic checkpoints with --resume (bit-for-bit the same run as an uninterrupted
 one), and a text sample at the end. With no --data it trains on the running Python's standard
-library source, a real corpus present on every machine."""
+library source, a real corpus present on every machine. --init-from HF_DIR starts from a Hugging
+Face GPT-2 directory (coop.hf): its weights, its shape and its tokenizer."""
 from __future__ import annotations
 
 import argparse
@@ -13,10 +14,13 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import ConfigDict, Field, field_validator
+from pydantic.dataclasses import dataclass
 
 import engine
 import engine.distributed as dist
@@ -28,76 +32,80 @@ from engine.nn.parallel import DistributedDataParallel
 
 from . import launch
 from .progress import Progress, format_duration
-from .devices import device_problem
-from .training import TrainStep, autocast_for, evaluate, make_optimizer
-
-
-@dataclass
-class TrainConfig:
-    data: list[str] | None = None  # text files; None = the embedded default corpus
-    default_corpus_chars: int = 2_000_000
-    tokenizer: str = "char"  # "char" or "bpe"
-    vocab_size: int = 2048  # for bpe
-    out: str = "runs/train"
-    resume: bool = False
-    device: str = "cpu"
-    precision: str = "auto"  # "auto": bf16 autocast on a GPU, float32 on the CPU; or "bf16" / "fp32"
-    graph: bool = True  # on a GPU, run each training step as one captured CUDA graph (engine.cuda.graphs)
-    seed: int = 0
-    # model
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 128
-    dropout: float = 0.0
-    bias: bool = True  # biases in the Linear and LayerNorm layers (nanoGPT's shakespeare_char: --no-bias)
-    # optimisation
-    batch_size: int = 16
-    grad_accum: int = 1
-    max_steps: int = 500
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 50
-    weight_decay: float = 0.1
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    # evaluation and output
-    val_fraction: float = 0.1
-    eval_every: int = 100
-    eval_batches: int = 10
-    eval_train: bool = True  # also measure the train split at each evaluation (--no-eval-train: val only)
-    checkpoint_every: int = 100
-    log_every: int = 10
-    sample_tokens: int = 300
-    quiet: bool = False
-
-    def __post_init__(self) -> None:
-        """Every option checked before any work, each violation named with what is expected."""
-        checks = [
-            ("tokenizer", self.tokenizer in TOKENIZERS, " or ".join(TOKENIZERS)),
-            ("precision", self.precision in PRECISIONS, " | ".join(PRECISIONS)),
-            ("vocab-size", self.vocab_size >= 2, "at least 2"),
-            ("default-corpus-chars", self.default_corpus_chars >= 1, "at least 1"),
-            *((name, getattr(self, name.replace("-", "_")) >= 1, "at least 1") for name in
-              ("n-layer", "n-head", "n-embd", "block-size", "batch-size", "grad-accum", "max-steps", "eval-batches",
-               "log-every")),
-            ("n-embd", self.n_embd % max(1, self.n_head) == 0, f"a multiple of --n-head {self.n_head}"),
-            ("eval-every", self.eval_every >= 0, "0 (only at the end) or more"),
-            ("checkpoint-every", self.checkpoint_every >= 0, "0 (only at the end) or more"),
-            ("sample-tokens", self.sample_tokens >= 0, "0 (no sample) or more"),
-            ("lr", self.lr > 0, "more than 0"), ("min-lr", 0 <= self.min_lr, "0 or more"),
-            ("warmup-steps", self.warmup_steps >= 0, "0 or more"), ("weight-decay", self.weight_decay >= 0, "0 or more"),
-            ("beta2", 0 <= self.beta2 < 1, "in [0, 1)"), ("grad-clip", self.grad_clip >= 0, "0 (off) or more"),
-            ("dropout", 0 <= self.dropout < 1, "in [0, 1)"), ("val-fraction", 0 < self.val_fraction < 1, "in (0, 1)"),
-        ]
-        bad = [f"--{name} {getattr(self, name.replace('-', '_'))!r} (expected {expected})"
-               for name, ok, expected in checks if not ok]
-        if bad:
-            raise ValueError(f"bad option(s): {'; '.join(bad)}")
+from .devices import DEVICE_HELP, describe_device, resolve_device
+from .hf import HFFormatError, read_hf_config, read_hf_dir
+from .hf.gpt2 import from_hf_config
+from .options import OptionsError, build_options, existing_files, given_options, read_options_file
+from .trained import ModelSourceError
+from .training import TrainStep, autocast_for, evaluate, load_weights, make_optimizer
 
 
 TOKENIZERS = ("char", "bpe")
 PRECISIONS = ("auto", "bf16", "fp32")
+MODEL_SHAPE = ("n_layer", "n_head", "n_embd", "block_size", "bias")  # with --init-from: the directory's
+AtLeast1 = Annotated[int, Field(ge=1)]
+AtLeast0 = Annotated[int, Field(ge=0)]
+
+
+@dataclass(config=ConfigDict(extra="forbid"))
+class TrainConfig:
+    """Every option of `coop train`, checked (pydantic) before any work: a bad value raises a
+    ValueError that names it; `coop train` prints it as one line and exits 2 (coop.options)."""
+
+    data: list[str] | None = None  # text files; None = the embedded default corpus
+    default_corpus_chars: AtLeast1 = 2_000_000
+    tokenizer: Literal["char", "bpe"] = "char"
+    vocab_size: Annotated[int, Field(ge=2)] = 2048  # for bpe
+    out: str = "runs/train"
+    resume: bool = False
+    device: Annotated[str, Field(validate_default=True)] = "auto"  # auto: cuda when a GPU is seen, else cpu
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # "auto": bf16 autocast on a GPU, float32 on the CPU
+    graph: bool = True  # on a GPU, run each training step as one captured CUDA graph (engine.cuda.graphs)
+    seed: Annotated[int, Field(ge=0, lt=2**32)] = 0
+    # a Hugging Face GPT-2 directory to start from: its weights and tokenizer; the model options
+    # below (n_layer, n_head, n_embd, block_size, bias) are then the directory's
+    init_from: str | None = None
+    # model
+    n_layer: AtLeast1 = 4
+    n_head: AtLeast1 = 4
+    n_embd: AtLeast1 = 128
+    block_size: AtLeast1 = 128
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    bias: bool = True  # biases in the Linear and LayerNorm layers (nanoGPT's shakespeare_char: --no-bias)
+    # optimisation
+    batch_size: AtLeast1 = 16
+    grad_accum: AtLeast1 = 1
+    max_steps: AtLeast1 = 500
+    lr: Annotated[float, Field(gt=0)] = 1e-3
+    min_lr: Annotated[float, Field(ge=0)] = 1e-4
+    warmup_steps: AtLeast0 = 50
+    weight_decay: Annotated[float, Field(ge=0)] = 0.1
+    beta2: Annotated[float, Field(ge=0, lt=1)] = 0.95
+    grad_clip: Annotated[float, Field(ge=0)] = 1.0  # 0: off
+    # evaluation and output
+    val_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    eval_every: AtLeast0 = 100  # 0: only at the end
+    eval_batches: AtLeast1 = 10
+    eval_train: bool = True  # also measure the train split at each evaluation (--no-eval-train: val only)
+    checkpoint_every: AtLeast0 = 100  # 0: only at the end
+    log_every: AtLeast1 = 10
+    sample_tokens: AtLeast0 = 300  # 0: no sample
+    quiet: bool = False
+
+    @field_validator("device")
+    @classmethod
+    def _real_device(cls, device: str) -> str:
+        return resolve_device(device)
+
+    _data_files = field_validator("data")(existing_files)
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"--n-embd {self.n_embd} must be a multiple of --n-head {self.n_head}")
+
+
+def model_shape(config: GPTConfig) -> dict:
+    return {name: getattr(config, name) for name in MODEL_SHAPE}
 
 
 class Interrupt:
@@ -163,14 +171,25 @@ class Trainer:
                 raise SystemExit(f"coop train: --resume given but there is no checkpoint in {self.ckpt_path}; "
                                  "start without --resume") from None
         text = load_corpus(cfg)
-        self.tokenizer = tokenizer_from_json(state["tokenizer"]) if state else build_tokenizer(cfg, text)
+        hf = None
+        if cfg.init_from:  # the shape comes from the directory (or, resuming, from the checkpoint)
+            saved_shape = GPTConfig.from_dict(state["model_config"]) if state else None
+            hf = None if state else read_hf_dir(cfg.init_from, cfg.dropout)
+            self.cfg = cfg = replace(cfg, **model_shape(saved_shape or hf.config))
+        if state:
+            self.tokenizer = tokenizer_from_json(state["tokenizer"])
+        else:
+            self.tokenizer = hf.tokenizer if hf else build_tokenizer(cfg, text)
         data = encode_corpus_in_memory(text, self.tokenizer)
         if len(data) < 2 * (cfg.block_size + 1) / max(cfg.val_fraction, 1e-9):
             raise SystemExit(f"coop train: the corpus has only {len(data)} tokens, too few for block size "
                              f"{cfg.block_size}; give more text or a smaller --block-size")
         self.train_data, self.val_data = data.split(cfg.val_fraction)
 
-        model_cfg = GPTConfig(vocab_size=self.tokenizer.vocab_size, block_size=cfg.block_size, n_layer=cfg.n_layer,
+        vocab = self.tokenizer.vocab_size
+        if cfg.init_from:  # GPT-2's vocabulary may be padded beyond its tokenizer's
+            vocab = GPTConfig.from_dict(state["model_config"]).vocab_size if state else hf.config.vocab_size
+        model_cfg = GPTConfig(vocab_size=vocab, block_size=cfg.block_size, n_layer=cfg.n_layer,
                               n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout, bias=cfg.bias)
         if state:
             saved = GPTConfig.from_dict(state["model_config"])
@@ -179,6 +198,10 @@ class Trainer:
                                  f"{model_cfg}; resume with the same model options")
         engine.manual_seed(cfg.seed)
         self.model = GPT(model_cfg).to(cfg.device)
+        if hf:
+            load_weights(self.model, hf.weights)
+            self.log(f"initialised from {cfg.init_from} (GPT-2: {cfg.n_layer} layers, {cfg.n_embd} wide, "
+                     f"vocab {vocab}, {self.tokenizer!r})")
         self.optimizer = make_optimizer(self.model, "adamw", cfg.lr, cfg.weight_decay, (0.9, cfg.beta2))
         # --gpus: rank r draws its own batches (rank 0 those of a one-GPU run); rank 0 evaluates and saves
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -247,8 +270,9 @@ def train(cfg: TrainConfig, log=print) -> dict:
     t.out.mkdir(parents=True, exist_ok=True)
     n_params = t.model.num_parameters()
     tokens_per_step = cfg.batch_size * cfg.block_size * cfg.grad_accum * t.world_size
-    log(f"model: {n_params / 1e6:.2f}M parameters, vocab {t.tokenizer.vocab_size}, device {cfg.device}; "
-        f"data: {len(t.train_data):,} train / {len(t.val_data):,} val tokens; {tokens_per_step:,} tokens per step")
+    log(f"model: {n_params / 1e6:.2f}M parameters, vocab {t.tokenizer.vocab_size}, "
+        f"device {describe_device(cfg.device)}; data: {len(t.train_data):,} train / {len(t.val_data):,} val tokens; "
+        f"{tokens_per_step:,} tokens per step")
     progress = Progress(total=cfg.max_steps, start=t.step, quiet=cfg.quiet)
     pending = []  # losses not yet read back: one host sync per log line, not per step
     start = time.perf_counter()
@@ -278,6 +302,7 @@ def train(cfg: TrainConfig, log=print) -> dict:
                 progress.note(f"step {t.step}: {train_part}val loss {ev['val']:.4f}")
             if every(t.step, cfg.checkpoint_every) or last:
                 t.save()
+    progress.close()
     elapsed = time.perf_counter() - start
     final = t.history[-1] if t.history else t.evaluate()
     best = min(t.history, key=lambda r: r["val_loss"]) if t.history else {"step": t.step, "val_loss": final["val"]}
@@ -307,25 +332,37 @@ def _follow_training(cfg: TrainConfig) -> dict:
 
 
 def add_parser(subparsers) -> None:
+    # default SUPPRESS: a flag not given is absent from args, so --config's value (or the field's default) stands
     p = subparsers.add_parser("train", help="train a GPT on a text corpus in this process",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = TrainConfig()
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              argument_default=argparse.SUPPRESS)
+    p.add_argument("--config", metavar="FILE", help="a TOML file of these options (max_steps = 100, ...); "
+                   "the flags given override it")
     p.add_argument("--data", nargs="+", help="text file(s) to train on (default: Python's standard library source)")
+    notes = {"eval_every": "steps between evaluations, 0: only at the end",
+             "checkpoint_every": "steps between checkpoints, 0: only at the end",
+             "log_every": "steps between progress lines", "sample_tokens": "tokens sampled at the end, 0: none",
+             "precision": "auto: bf16 autocast on a GPU, fp32 on the CPU"}
     for f in fields(TrainConfig):
-        if f.name in ("data", "resume", "quiet", "graph", "eval_train", "bias"):
+        if f.name in ("data", "resume", "quiet", "graph", "eval_train", "bias", "init_from"):
             continue
         flag = "--" + f.name.replace("_", "-")
+        if f.name == "device":
+            p.add_argument(flag, metavar="DEVICE", help=DEVICE_HELP)
+            continue
         choices = {"tokenizer": TOKENIZERS, "precision": PRECISIONS}.get(f.name)
-        notes = {"eval_every": "steps between evaluations, 0: only at the end",
-                 "checkpoint_every": "steps between checkpoints, 0: only at the end"}
-        p.add_argument(flag, type=type(getattr(defaults, f.name)), default=getattr(defaults, f.name), choices=choices,
-                       help=f"{notes.get(f.name, '')} (default: {getattr(defaults, f.name)})".lstrip())
-    p.add_argument("--eval-train", action=argparse.BooleanOptionalAction, default=defaults.eval_train,
+        from_model = "; with --init-from: the model's" if f.name in MODEL_SHAPE else ""
+        p.add_argument(flag, type=type(f.default), choices=choices,
+                       help=f"{notes.get(f.name, '')} (default: {f.default}{from_model})".lstrip())
+    p.add_argument("--eval-train", action=argparse.BooleanOptionalAction,
                    help="also measure the train split at each evaluation (default: on)")
-    p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=defaults.bias,
+    p.add_argument("--bias", action=argparse.BooleanOptionalAction,
                    help="biases in the Linear and LayerNorm layers (default: on; nanoGPT's shakespeare_char "
                         "recipe trains without: --no-bias)")
-    p.add_argument("--graph", action=argparse.BooleanOptionalAction, default=defaults.graph,
+    p.add_argument("--init-from", metavar="HF_DIR",
+                   help="start from a Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer.json): "
+                        "its weights, its shape and its tokenizer, which the corpus is then tokenized with")
+    p.add_argument("--graph", action=argparse.BooleanOptionalAction,
                    help="on a GPU, replay each training step as one captured CUDA graph (default: on; "
                         "--no-graph runs every op from Python)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
@@ -334,13 +371,25 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
+def shape_disagreements(init_from: str, given: dict) -> list[str]:
+    """The model options given on the command line that differ from the directory's (HFFormatError if unreadable)."""
+    shape = model_shape(from_hf_config(read_hf_config(init_from))[0])
+    bad = []
+    for name, value in given.items():
+        if value != shape[name]:
+            flag = ("--bias" if value else "--no-bias") if name == "bias" else f"--{name.replace('_', '-')} {value}"
+            bad.append(f"{flag} (the model's: {'biases' if name == 'bias' else shape[name]})")
+    return bad
+
+
 def run(args) -> int:
     place = launch.current_rank()
     if place is not None:  # a rank of --gpus: its one GPU (or the CPU)
         args.device = place.device
+    given, config_file = given_options(args, TrainConfig), getattr(args, "config", None)
     try:
-        cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
-    except ValueError as error:
+        cfg = build_options(TrainConfig, given, config_file)
+    except OptionsError as error:
         print(f"coop train: {error}", file=sys.stderr)
         return 2
     if problem := launch.launch_problem("coop train", args):
@@ -348,28 +397,32 @@ def run(args) -> int:
         return 2
     if launch.wants_launch(args):  # --gpus: one rank per GPU, each step's gradients averaged over them
         return launch.launch("coop train", "coop.cli", getattr(args, "argv", sys.argv[1:]), args)
-    if problem := device_problem("coop train", cfg.device):
-        print(problem, file=sys.stderr)
+    # the model options given (flags, or the file) must agree with --init-from's directory
+    chosen = {**(read_options_file(config_file, TrainConfig) if config_file else {}), **given}
+    shape_given = {name: chosen[name] for name in MODEL_SHAPE if name in chosen}
+    if place is not None:  # a rank of --gpus: into the launcher's process group first
+        try:
+            launch.init_rank_group(place)
+        except dist.DistributedError as error:
+            print(f"coop train: rank {place.rank}: {error}", file=sys.stderr)
+            return 1
+    try:
+        if cfg.init_from and (bad := shape_disagreements(cfg.init_from, shape_given)):
+            raise HFFormatError(f"{'; '.join(bad)}; leave these options out, the shape comes from the directory")
+        train(cfg)
+    except (HFFormatError, ModelSourceError) as error:
+        print(f"coop train: --init-from {cfg.init_from}: {error}", file=sys.stderr)
         return 2
-    if place is None:
-        train(cfg)
-        return 0
-    try:
-        launch.init_rank_group(place)
     except dist.DistributedError as error:
-        print(f"coop train: rank {place.rank}: {error}", file=sys.stderr)
-        return 1
-    try:
-        train(cfg)
-        return 0
-    except dist.DistributedError as error:
-        print(f"\ncoop train: rank {place.rank}: {error}", file=sys.stderr)
+        print(f"\ncoop train: rank {place.rank if place else 0}: {error}", file=sys.stderr)
         return 1
     finally:
-        try:
-            dist.destroy_process_group()
-        except dist.DistributedError:
-            pass
+        if place is not None:
+            try:
+                dist.destroy_process_group()
+            except dist.DistributedError:
+                pass
+    return 0
 
 
 __all__ = ["TrainConfig", "Trainer", "train", "math"]

@@ -3,7 +3,7 @@
 URL may be a coordinator (`coop-coordinator serve`) or any peer of a peer-to-peer run: the
 worker asks `GET URL/v1/info` what it is talking to and behaves accordingly.
 
-    coop-worker join http://HOST:8000 --token SECRET --device cuda
+    coop-worker join http://HOST:8000 --token SECRET     # --device auto: the GPU if there is one
 """
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ import httpx
 
 from coop import __version__, launch
 from coop.cli import run_command
+from coop.options import CommandParser
 from coop.coordinator.worker import WorkerOptions, run_worker
 from coop.data_parallel import run_rank
-from coop.devices import device_problem
+from coop.devices import DEVICE_HELP, describe_device, device_arg
 from coop.gossip import peer
 from coop.gossip.options import add_link_options, link_from_args
 
@@ -32,7 +33,7 @@ def add_shared_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="the coordinator's or a peer's address, e.g. http://10.0.0.5:8000")
     parser.add_argument("--token", default=None, help="the run's access token (default: $COOP_TOKEN)")
     parser.add_argument("--name", default=socket.gethostname(), help="shown on the status page (default: hostname)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--device", default="auto", type=device_arg, help=DEVICE_HELP)
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="keep downloaded data shards here (default: $COOP_CACHE or ~/.cache/coop; 'none' to disable)")
     parser.add_argument("--max-rounds", type=int, default=None, help="leave after contributing this many rounds")
@@ -53,10 +54,12 @@ def add_shared_options(parser: argparse.ArgumentParser) -> None:
     peer.add_argument("--peer-id", default=None, help="refuse to start unless the key's id is this")
     peer.add_argument("--linger", type=float, default=0.0,
                       help="after the last round, keep serving status and weights this many seconds (default: 0)")
+    peer.add_argument("--out", default=None, metavar="DIR",
+                      help="write the final model to DIR/model.safetensors (default: runs/peer-<peer id>)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="coop-worker", description=__doc__,
+    parser = CommandParser(prog="coop-worker", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"coop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -118,9 +121,8 @@ def join_command(args) -> int:
 
 
 def _join(args, replica_factory=None, place=None) -> int:
-    if problem := device_problem("coop-worker", args.device):
-        print(problem, file=sys.stderr)
-        return 2
+    if not args.quiet:  # --device was resolved (auto -> cuda or cpu) and checked by the parser
+        print(f"coop-worker: device {describe_device(args.device)}", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         info = server_info(args.url, args.retry_for)

@@ -7,7 +7,13 @@ float32; the loss is float32. Parameters stay float32 (the master weights), and 
 its state never see bf16: a linear layer casts its weight for the GEMM itself and writes the weight
 and bias gradients in float32 straight from the GEMM and the bias-gradient kernel; other uses cast
 the parameter to bf16, and the cast's backward turns the bf16 gradient back into float32. Outside
-the context (and on the CPU) nothing changes.
+the context nothing changes.
+
+`engine.autocast("cpu")` does the same to CPU tensors (as torch.autocast("cpu", dtype=bfloat16)):
+the CPU backend computes bf16 ops in float32 and rounds where the CUDA kernels round, so a CPU run
+under autocast shows what bf16 does to a model without a GPU. It is slower than float32 there (every
+bf16 op converts its operands), so `coop train` keeps float32 on the CPU by default. The two device
+types are switched on and off independently, as in torch.
 """
 from __future__ import annotations
 
@@ -17,13 +23,19 @@ import threading
 from . import dtypes
 
 _state = threading.local()
+_DEVICE_TYPES = ("cuda", "cpu")
+
+
+def _device_type(device_type) -> str:
+    name = str(device_type).split(":")[0]
+    if name not in _DEVICE_TYPES:
+        raise ValueError(f"autocast: device_type must be 'cuda' or 'cpu', got {device_type!r}")
+    return name
 
 
 def get_autocast_dtype(device_type: str = "cuda"):
     """The dtype autocast runs `device_type` ops in now, or None when it is off."""
-    if device_type != "cuda":
-        return None
-    return getattr(_state, "cuda_dtype", None)
+    return getattr(_state, _device_type(device_type), None)
 
 
 def is_autocast_enabled(device_type: str = "cuda") -> bool:
@@ -31,33 +43,31 @@ def is_autocast_enabled(device_type: str = "cuda") -> bool:
 
 
 class autocast(contextlib.ContextDecorator):
-    """Context manager and decorator: run CUDA ops in bf16 with float32 master weights.
+    """Context manager and decorator: run the ops of `device_type` ("cuda" or "cpu") in bf16 with float32
+    master weights.
 
-    autocast("cuda", dtype=engine.bfloat16, enabled=True); nesting with enabled=False switches it off."""
+    autocast(device_type, dtype=engine.bfloat16, enabled=True); nesting with enabled=False switches it off."""
 
     def __init__(self, device_type: str = "cuda", dtype=dtypes.bfloat16, enabled: bool = True):
-        device_type = str(device_type).split(":")[0]
+        self.device_type = _device_type(device_type)
         dtype = dtypes.as_dtype(dtype)
-        if device_type != "cuda":
-            raise ValueError(f"autocast: device_type must be 'cuda', got {device_type!r} "
-                             "(the CPU backend has no bfloat16 arithmetic; run float32 there)")
         if enabled and dtype is not dtypes.bfloat16:
             raise ValueError(f"autocast: dtype must be engine.bfloat16, got {dtype}")
         self.dtype = dtype if enabled else None
 
     def __enter__(self):
-        self.prev = getattr(_state, "cuda_dtype", None)
-        _state.cuda_dtype = self.dtype
+        self.prev = getattr(_state, self.device_type, None)
+        setattr(_state, self.device_type, self.dtype)
         return self
 
     def __exit__(self, *exc):
-        _state.cuda_dtype = self.prev
+        setattr(_state, self.device_type, self.prev)
         return False
 
 
 def cast_for(tensor):
-    """The autocast dtype for an op on `tensor` (a floating CUDA tensor while autocast is on), else None."""
-    dt = getattr(_state, "cuda_dtype", None)
-    if dt is None or tensor.device.type != "cuda" or not tensor.dtype.is_floating_point:
+    """The autocast dtype for an op on `tensor` (a floating tensor whose device type has autocast on), else None."""
+    dt = getattr(_state, tensor.device.type, None)
+    if dt is None or not tensor.dtype.is_floating_point:
         return None
     return dt

@@ -1,6 +1,10 @@
-"""Data types of engine tensors, named as in PyTorch (`engine.float32`, `engine.int64`, ...)."""
+"""Data types of engine tensors, named as in PyTorch (`engine.float32`, `engine.int64`, ...).
+
+numpy has no bfloat16 of its own: `ml_dtypes.bfloat16` is the numpy dtype of engine.bfloat16 (what
+the CPU backend stores and `.numpy()` returns; its bits are the upper half of a float32's)."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 
@@ -9,9 +13,9 @@ class DType:
 
     def __init__(self, name: str, numpy_dtype, is_floating_point: bool):
         self.name = name
-        self.numpy = np.dtype(numpy_dtype) if numpy_dtype is not None else None
+        self.numpy = np.dtype(numpy_dtype)
         self.is_floating_point = is_floating_point
-        self.itemsize = self.numpy.itemsize if self.numpy is not None else 2
+        self.itemsize = self.numpy.itemsize
 
     def __repr__(self) -> str:
         return f"engine.{self.name}"
@@ -23,7 +27,7 @@ class DType:
 float32 = DType("float32", np.float32, True)
 float64 = DType("float64", np.float64, True)
 float16 = DType("float16", np.float16, True)
-bfloat16 = DType("bfloat16", None, True)  # stored as uint16 bit patterns where numpy is involved
+bfloat16 = DType("bfloat16", ml_dtypes.bfloat16, True)  # numpy kind 'V': not matched by kind "f" below
 int64 = DType("int64", np.int64, False)
 int32 = DType("int32", np.int32, False)
 uint8 = DType("uint8", np.uint8, False)
@@ -31,7 +35,7 @@ bool_ = DType("bool", np.bool_, False)
 
 ALL = (float32, float64, float16, bfloat16, int64, int32, uint8, bool_)
 _BY_NAME = {d.name: d for d in ALL}
-_BY_NUMPY = {d.numpy: d for d in ALL if d.numpy is not None}
+_BY_NUMPY = {d.numpy: d for d in ALL}
 
 
 def from_name(name: str) -> DType:
@@ -39,7 +43,8 @@ def from_name(name: str) -> DType:
 
 
 def from_numpy(np_dtype) -> DType:
-    """The engine dtype of a numpy dtype; unsigned/other ints map to int64, other floats to float32."""
+    """The engine dtype of a numpy dtype (ml_dtypes.bfloat16 is engine.bfloat16); unsigned/other ints map
+    to int64, other floats to float32."""
     np_dtype = np.dtype(np_dtype)
     if np_dtype in _BY_NUMPY:
         return _BY_NUMPY[np_dtype]
@@ -47,7 +52,8 @@ def from_numpy(np_dtype) -> DType:
         return int64
     if np_dtype.kind == "f":
         return float32
-    raise TypeError(f"numpy dtype {np_dtype} has no engine counterpart (expected a float, int or bool dtype)")
+    raise TypeError(f"numpy dtype {np_dtype} has no engine counterpart (expected a float, int or bool dtype, "
+                    "or ml_dtypes.bfloat16)")
 
 
 def as_dtype(d) -> DType:

@@ -6,6 +6,7 @@ import numpy as np
 
 from . import dtypes
 from .backends import backend_for
+from .backends import cpu as cpu_backend
 from .backends import cuda as cuda_backend
 from .device import Device, as_device
 from .methods.shape import _shape_arg
@@ -18,11 +19,11 @@ def from_numpy(arr: np.ndarray) -> Tensor:
 
 
 def from_dlpack(obj) -> Tensor:
-    """A tensor sharing memory with a DLPack-capable object (CPU: via numpy; CUDA: via the backend)."""
+    """A tensor sharing memory with a DLPack-capable object (a torch tensor, a numpy array, ...), on
+    the CPU (bf16 included) or on CUDA."""
     kind, index = obj.__dlpack_device__()
     if int(kind) == 1:
-        arr = np.from_dlpack(obj)
-        return Tensor._wrap(arr, Device("cpu"))
+        return Tensor._wrap(cpu_backend.from_dlpack(obj), Device("cpu"))
     return Tensor._wrap(cuda_backend.from_dlpack(obj), Device("cuda", int(index)))
 
 

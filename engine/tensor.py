@@ -120,11 +120,10 @@ class Tensor:
     def contiguous(self) -> "Tensor":
         return self
 
-    # DLPack: zero-copy exchange with other libraries (torch.from_dlpack(t))
+    # DLPack: zero-copy exchange with other libraries (torch.from_dlpack(t)), bf16 included
     def __dlpack__(self, stream=None, max_version=None, **kwargs):
         if self.device.type == "cpu":
-            extra = {"max_version": max_version} if max_version is not None else {}
-            return np.ascontiguousarray(self.data).__dlpack__(**({"stream": stream} if stream is not None else {}), **extra)
+            return self._backend.to_dlpack(self.data, stream, max_version=max_version, copy=kwargs.get("copy"))
         return self._backend.to_dlpack(self.data, stream, max_version=max_version)
 
     def __dlpack_device__(self):
@@ -167,24 +166,28 @@ def install_methods(methods: type) -> type:
 # ---- from host data ------------------------------------------------------------------------------
 
 def _default_dtype_for(data, arr: np.ndarray) -> DType:
+    if arr.dtype == dtypes.bfloat16.numpy:  # ml_dtypes' bfloat16 (numpy kind 'V')
+        return dtypes.bfloat16
     if arr.dtype.kind == "f":  # numpy arrays keep their float width; Python floats become float32
         return dtypes.from_numpy(arr.dtype) if isinstance(data, np.ndarray) else dtypes.float32
     if arr.dtype.kind in "iu":
         return dtypes.int64
     if arr.dtype.kind == "b":
         return dtypes.bool_
-    raise TypeError(f"cannot make a tensor from numpy dtype {arr.dtype}")
+    raise TypeError(f"cannot make a tensor from numpy dtype {arr.dtype}: it has no engine counterpart (expected a "
+                    "float, int or bool dtype, or ml_dtypes.bfloat16; convert with arr.astype(np.float32))")
 
 
 def tensor(data, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A new tensor from a Python number, nested list or numpy array (float32 by default for floats,
-    int64 for integers); a Tensor is copied."""
+    int64 for integers, bfloat16 for an ml_dtypes.bfloat16 array); a Tensor is copied. dtype=bfloat16
+    rounds to nearest even, as `.to(engine.bfloat16)` does."""
     if isinstance(data, Tensor):
         return tensor(data.numpy(), dtype or data.dtype, device or data.device, requires_grad)
     arr = np.asarray(data)
     dtype = dtypes.as_dtype(dtype) or _default_dtype_for(data, arr)
-    if dtype.numpy is None:
-        raise TypeError(f"cannot build a {dtype} tensor from host data directly; build float32 and .to({dtype})")
+    if dtype is dtypes.bfloat16 and arr.dtype not in (dtype.numpy, np.float32):
+        arr = arr.astype(np.float32)  # through float32, as the CUDA cast kernel (and torch) round
     arr = arr.astype(dtype.numpy, copy=False)
     device = as_device(device)
     out = Tensor._wrap(backend_for(device).from_numpy(arr, device.index), device)

@@ -63,3 +63,54 @@ def check_against_torch(fn, torch_fn, shapes, seed=0, low=-2.0, high=2.0, atol=1
             assert g is None or not np.any(g), f"input {i}: torch has no gradient, engine has one"
             continue
         np.testing.assert_allclose(g, t.grad.numpy(), atol=atol, rtol=rtol, err_msg=f"gradient of input {i}")
+
+
+def _bf16_run(fn, arrays, w, make, backward):
+    """fn on `arrays` made into tensors by `make`, weighted by w and differentiated: (out, grads) float64."""
+    ts = [make(a) for a in arrays]
+    out = fn(*ts)
+    backward(out, ts, w)
+    return [np.asarray(_float64(out))] + [None if t.grad is None else np.asarray(_float64(t.grad)) for t in ts]
+
+
+def _float64(t):
+    try:
+        return t.detach().float().numpy().astype(np.float64)  # torch
+    except AttributeError:
+        return t.float().numpy().astype(np.float64)  # engine
+
+
+def check_bf16_against_torch(fn, torch_fn, shapes, seed=0, low=-2.0, high=2.0, ulps=2.0, device="cpu"):
+    """The same call on engine bf16 (on `device`), torch bf16 and torch float32, all on the same inputs
+    rounded to bf16: forward and every gradient. The float32 run is the reference; engine's bf16 error
+    (largest deviation over the largest reference value) must be within twice torch's bf16 error plus
+    `ulps` bf16 rounding steps (2^-8 each), i.e. no worse than PyTorch's own bf16 by more than rounding."""
+    import torch
+
+    arrays = [a.astype(np.float32) for a in make_inputs(shapes, seed, low, high)]
+    arrays = [torch.tensor(a).to(torch.bfloat16).float().numpy() for a in arrays]  # exactly representable in bf16
+    w = np.random.default_rng(123).standard_normal(np.shape(fn(*[engine.tensor(a) for a in arrays]).numpy()))
+    w = torch.tensor(w, dtype=torch.float32).to(torch.bfloat16).float().numpy()
+
+    def engine_backward(out, ts, w):
+        (out * engine.tensor(w, dtype=out.dtype, device=device)).sum().backward()
+
+    def torch_backward(out, ts, w):
+        (out * torch.tensor(w, dtype=out.dtype)).sum().backward()
+
+    def torch_make(dtype):
+        return lambda a: torch.tensor(a, dtype=dtype, requires_grad=True)
+
+    got = _bf16_run(fn, arrays, w, lambda a: engine.tensor(a, dtype=engine.bfloat16, device=device,
+                                                            requires_grad=True), engine_backward)
+    theirs = _bf16_run(torch_fn, arrays, w, torch_make(torch.bfloat16), torch_backward)
+    ref = _bf16_run(torch_fn, arrays, w, torch_make(torch.float32), torch_backward)
+    for i, (g, t, r) in enumerate(zip(got, theirs, ref)):
+        what = "forward" if i == 0 else f"gradient of input {i - 1}"
+        if r is None:
+            assert g is None or not np.any(g), f"{what}: torch has none, engine has one"
+            continue
+        scale = max(float(np.max(np.abs(r))), 1e-30)
+        err, torch_err = float(np.max(np.abs(g - r))) / scale, float(np.max(np.abs(t - r))) / scale
+        assert err <= 2.0 * torch_err + ulps * 2.0 ** -8, (
+            f"{what}: engine bf16 is {err:.2e} (of the largest value) from float32, torch bf16 {torch_err:.2e}")

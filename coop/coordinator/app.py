@@ -13,8 +13,12 @@
     POST /v1/heartbeat              "still here"; returns the round info
     POST /v1/leave                  the worker leaves the run
     GET  /v1/status                 the run as JSON (rounds, workers, history)
+    GET  /v1/model                  the global model as one model file (binary; model_download.py)
     GET  /metrics                   Prometheus metrics (no auth)
-    GET  /                          status page: HTML with SVG charts (no auth)
+    GET  /                          status page: HTML with SVG charts; with a run token, the workers
+                                    only for the token (header, or the cookie of /login: coop.pageaccess)
+    GET  /login, POST /login        the page's log-in form; POST /logout forgets it
+    GET  /docs, /redoc              the API, with its assets served here (coop.apidocs)
 
 Errors are JSON {"detail": "..."} with 400 (malformed, aborted), 401 (token; answered before the
 body is read), 408 (body slower than body_timeout_s), 409 (stale round, or an upload already in
@@ -35,9 +39,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
 from coop import __version__
+from coop.apidocs import serve_api_docs
+from coop.pageaccess import PageAccess, add_login_routes
 
 from .evaluation import EvalReport
 from .members import WorkerRecord, retry_after_header
+from .model_download import ModelDownload
 from .page import render_page
 from .service import Coordinator
 from .updates import RequestError
@@ -227,8 +234,9 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         yield
         await coordinator.stop()
 
-    app = FastAPI(title="coop coordinator", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="coop coordinator", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="DiLoCo training over HTTP: workers pull the global weights and push pseudo-gradients.")
+    serve_api_docs(app)
     app.state.coordinator = coordinator
     c = coordinator
     json_limit = c.config.coordinator.max_json_bytes
@@ -386,6 +394,21 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         c.check_status_access(_bearer(request))
         return c.status()
 
+    model_download = ModelDownload(c.state_dir)
+
+    @app.get("/v1/model", response_class=Response,
+             responses={**responses(401), 200: binary("the global model as a model file (safetensors)")})
+    async def model(request: Request) -> Response:
+        """The global model after the last closed round, as one model file: safetensors tensors with
+        the model config and the tokenizer in its metadata (coop.trained). Save it and pass it to
+        `coop sample FILE` or `coop export FILE OUT_DIR --format hf`. Needs the run token or a worker token."""
+        c.check_status_access(_bearer(request))
+        round_number, body = await model_download.body(c.machine.number)
+        c.count_download(None, len(body), "model")
+        return Response(body, media_type=OCTET, headers={
+            "X-Coop-Round": str(round_number),
+            "Content-Disposition": f'attachment; filename="model-r{round_number}.safetensors"'})
+
     @app.get("/metrics", response_class=Response,
              responses={200: {"description": "Prometheus text exposition format",
                               "content": {"text/plain": {"schema": {"type": "string"}}}}})
@@ -394,9 +417,13 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         c.metrics.workers_active.set(len(c.active_workers()))
         return Response(c.metrics.render(), media_type=c.metrics.content_type)
 
+    access = PageAccess(c.run_token, also_accepts=lambda token: c.members.authenticate(token) is not None)
+    add_login_routes(app, access, "coop coordinator")
+
     @app.get("/", response_class=HTMLResponse)
-    async def page() -> HTMLResponse:
-        """The status page: HTML with SVG charts (no auth)."""
-        return HTMLResponse(render_page(c.status()))
+    async def page(request: Request) -> HTMLResponse:
+        """The status page: HTML with SVG charts. With a run token, the workers' names and devices
+        only for the run token or a worker token (Authorization header, or the cookie of /login)."""
+        return HTMLResponse(render_page(c.status(), full=access.allows(request), protected=access.protected))
 
     return app

@@ -20,6 +20,7 @@ import uvicorn
 
 from coop import __version__
 from coop.cli import run_command
+from coop.init_from import seed_coordinator_state
 from coop.runconfig import EXAMPLE_TOML, ConfigError, load_run_config
 from coop.serving import server_config
 
@@ -72,6 +73,8 @@ def _serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_run_config(args.config) if args.config else None
+        if config is not None:  # [model] init_from: the imported weights become round 0 of a new run
+            config = seed_coordinator_state(config, args.state_dir)
         coordinator = Coordinator(config, args.state_dir, run_token=_read_token(args))
     except (ConfigError, ValueError, FileNotFoundError) as error:
         print(f"coop-coordinator: {error}", file=sys.stderr)

@@ -53,24 +53,28 @@ class RunData:
                 "train_tokens": len(self.train), "val_tokens": len(self.val), "shards": self.section.shards}
 
 
-def prepare_data(section: DataSection, data_dir: Path, block_size: int) -> RunData:
+def prepare_data(section: DataSection, data_dir: Path, block_size: int, tokenizer: Any = None) -> RunData:
     """Tokenize the corpus into `data_dir` the first time; later starts reuse the files, as long
-    as they were made from the same data section (recorded in data_dir/section.json)."""
+    as they were made from the same data section (recorded in data_dir/section.json). `tokenizer`:
+    tokenize with this one instead of the section's (a model's own, [model] init_from), and reuse
+    files only if they were made with it."""
     data_dir.mkdir(parents=True, exist_ok=True)
     tokens_path, tokenizer_path, section_path = data_dir / "tokens.bin", data_dir / "tokenizer.json", data_dir / "section.json"
     wanted = section.model_dump()
     if section_path.is_file() and tokenizer_path.is_file() and json.loads(section_path.read_text()) == wanted:
         try:
-            tokenizer = load_tokenizer(tokenizer_path)
-            data = RunData(tokenizer, TokenDataset.open(tokens_path, tokenizer), section)
+            saved = load_tokenizer(tokenizer_path)
+            if tokenizer is not None and saved.to_json() != tokenizer.to_json():
+                raise ValueError("it was tokenized with another tokenizer than the model's")
+            data = RunData(saved, TokenDataset.open(tokens_path, saved), section)
             log.info("data: reusing %s (%d tokens)", tokens_path, len(data.tokens))
             return _checked(data, block_size)
         except (OSError, ValueError) as error:
             log.warning("data: cannot reuse %s (%s); tokenizing again", tokens_path, error)
     section_path.unlink(missing_ok=True)  # written last: its presence means the files below are complete
     text = section.corpus_text()
-    log.info("data: tokenizing %d characters with a %s tokenizer", len(text), section.tokenizer)
-    tokenizer = section.new_tokenizer(text)
+    tokenizer = tokenizer if tokenizer is not None else section.new_tokenizer(text)
+    log.info("data: tokenizing %d characters with %r", len(text), tokenizer)
     write_text_atomic(tokenizer_path, tokenizer.to_json())
     tokens = encode_corpus(text, tokenizer, tokens_path)
     write_text_atomic(section_path, json.dumps(wanted))

@@ -162,7 +162,9 @@ class Worker:
             self.heartbeat = Heartbeat(self.client, float(info["heartbeat_s"]))
             self.heartbeat.start()
         if self.progress is None and not self.options.quiet:
-            self.progress = Progress(total=int(info["max_rounds"]), start=int(info["round"]), stream=self.out)
+            self.progress = Progress(total=int(info["max_rounds"]), start=int(info["round"]), stream=self.out,
+                                     unit="round", steps_per_point=self.loop.inner_steps)
+            self.replica.step_callback = self.progress.step  # the line moves within a round too
 
     def fetch_shard(self, info: dict[str, Any]) -> TokenDataset:
         cache = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from coop.devices import describe_device
 from coop.gossip.options import START_DESCRIPTION, add_start_options
 from coop.gossip.peer import start_from_args
 from coop.runconfig import EXAMPLE_TOML
@@ -20,6 +21,12 @@ def _print_example(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start(args: argparse.Namespace) -> int:
+    if not args.quiet:  # --device was resolved (auto -> cuda or cpu) and checked by the parser
+        print(f"coop swarm start: device {describe_device(args.device)}", file=sys.stderr, flush=True)
+    return start_from_args(args)
+
+
 def add_parser(subparsers) -> None:
     """`coop swarm start ...` (called by coop.cli.build_parser)."""
     swarm = subparsers.add_parser("swarm", help="peer-to-peer mode: start a swarm without a coordinator",
@@ -28,7 +35,7 @@ def add_parser(subparsers) -> None:
     commands = swarm.add_subparsers(dest="swarm_command", metavar="SUBCOMMAND")
     start = commands.add_parser("start", help="start a swarm as its first peer", description=START_DESCRIPTION)
     add_start_options(start)
-    start.set_defaults(run=start_from_args)
+    start.set_defaults(run=_start)
     example = commands.add_parser("example-config", help="print a run config with the defaults, to edit",
                                   description="The same file as `coop-coordinator example-config`: one run "
                                               "config serves both modes ([coordinator] and [gossip] sections).")

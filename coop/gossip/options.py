@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from coop.devices import DEVICE_HELP, device_arg
 from coop.throttle import Link, LinkLimits
 from coop.launch import add_gpus_options
 
@@ -18,7 +19,7 @@ def add_peer_options(parser: argparse.ArgumentParser, default_port: int | None) 
                         help="port to listen on (default: %(default)s; 0 or none: a free one)")
     parser.add_argument("--advertise", help="URL the other peers reach this peer at (default http://HOST:PORT)")
     parser.add_argument("--token", help="the swarm token, the same for every peer (default: $COOP_TOKEN)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--device", default="auto", type=device_arg, help=DEVICE_HELP)
     parser.add_argument("--key", help="this peer's Ed25519 key file (PEM; made there, mode 0600, if it does not "
                         "exist), so that it keeps its id across restarts (default: a new key at every start)")
     parser.add_argument("--peer-id", help="refuse to start unless the key's id is this (ids are derived from the key: "
@@ -26,6 +27,8 @@ def add_peer_options(parser: argparse.ArgumentParser, default_port: int | None) 
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.add_argument("--linger", type=float, default=0.0, help="after the last round, leave the swarm but keep "
                         "serving status and weights for this many seconds")
+    parser.add_argument("--out", default=None, metavar="DIR", help="write the final model here, as DIR/model.safetensors "
+                        "(for `coop sample` and `coop export`; default: runs/peer-<peer id>)")
     add_link_options(parser)
 
 

@@ -7,6 +7,8 @@ Threads: the main thread trains and merges (`PeerNode.run`); uvicorn serves the 
 thread (`coop.gossip.server`); a heartbeat thread exchanges member lists; pushes to partners run
 in a small thread pool. Shared state is guarded by one condition variable, `PeerNode.cond`.
 docs/p2p.md describes the protocol; `coop.gossip.merge` the merge rule shared with `coop simulate`.
+At the end of its run a peer writes its copy of the global model to --out/model.safetensors (a
+model file, coop.trained: what `coop sample` and `coop export` read).
 """
 from __future__ import annotations
 
@@ -45,12 +47,15 @@ from coop.gossip.protocol import (
 )
 from coop.gossip.server import ServerThread, create_app
 from coop.gossip.transport import GossipTransport
+from coop.init_from import load_init_from
 from coop.progress import Progress
 from coop.replica import Replica
 from coop.round import RoundLoop
 from coop.runconfig import ConfigError, RunConfig, load_run_config
 from coop.streaming import fragments
 from coop.throttle import Link
+from coop.trained import MODEL_FILE_NAME, TrainedModel, write_model_file
+from coop.training import load_weights
 from coop.wire import WireError, spec_of
 from engine.data import TokenDataset, encode_corpus_in_memory, tokenizer_from_json
 from engine.nn import GPT
@@ -74,20 +79,25 @@ class PeerNode(PeerState):
     server: ServerThread | None = None
     # makes the replica (Replica's signature); --gpus: coop.data_parallel's LeadingReplica
     replica_factory = Replica
+    out_dir: str | None = None  # where the final model file goes (None: runs/peer-<id>)
 
     # ------------------------------------------------------------------------------------------
     # Setting up: a new swarm, or joining one.
 
-    def _build(self, config: RunConfig, tokens: np.ndarray, tokenizer_json: str, init: bool) -> None:
-        """Model, replica and data from the config and the swarm's tokens (both kinds of peer)."""
-        tokenizer = tokenizer_from_json(tokenizer_json)
+    def _build(self, config: RunConfig, tokens: np.ndarray, tokenizer_json: str, init: bool,
+               initial: dict[str, np.ndarray] | None = None) -> None:
+        """Model, replica and data from the config and the swarm's tokens (both kinds of peer);
+        `initial`: the first peer's starting weights ([model] init_from) instead of a seeded init."""
+        self.tokenizer = tokenizer = tokenizer_from_json(tokenizer_json)
         data = TokenDataset(tokens, tokenizer.info())
         train, val = data.split(config.data.val_fraction)
         if min(len(train), len(val)) < config.model.block_size + 1:
             raise SystemExit(f"the corpus ({len(data)} tokens) is too small for block_size {config.model.block_size}")
-        model_config = config.gpt_config(tokenizer.vocab_size)
+        self.model_config = model_config = config.gpt_config(tokenizer.vocab_size)
         engine.manual_seed(config.seed)  # the first peer's initial weights: the same for the same config
         model = GPT(model_config)
+        if initial is not None:
+            load_weights(model, initial)
         # each peer samples its own batches from the whole training split, seeded by its id
         self.replica = self.replica_factory(model_config, train, config.inner_config(), self.device,
                                             seed=int(self.peer_id.encode().hex()[:15], 16) % (2**31), model=model)
@@ -103,13 +113,16 @@ class PeerNode(PeerState):
 
     def setup_new_swarm(self, config: RunConfig) -> None:
         """The first peer: tokenizes the corpus, initialises the weights, round 0."""
+        trained = None
         try:
+            if config.model.init_from:  # the directory's shape, tokenizer and weights (coop.init_from)
+                config, trained = load_init_from(config)
             text = config.data.corpus_text()
-        except FileNotFoundError as error:
+        except (FileNotFoundError, ConfigError) as error:
             raise SystemExit(f"run config: {error}") from None
-        tokenizer = config.data.new_tokenizer(text)
+        tokenizer = trained.tokenizer if trained else config.data.new_tokenizer(text)
         dataset = encode_corpus_in_memory(text, tokenizer)
-        self._build(config, dataset.tokens, tokenizer.to_json(), init=True)
+        self._build(config, dataset.tokens, tokenizer.to_json(), init=True, initial=trained.weights if trained else None)
         with self.cond:
             self.swarm = secrets.token_hex(8)
             self.round = 0
@@ -232,7 +245,9 @@ class PeerNode(PeerState):
     def run(self) -> None:
         """The round loop (coop.round) over the gossip transport, until the last round or a stop."""
         rounds = self.config.rounds
-        progress = Progress(total=rounds.max_rounds, start=self.round, quiet=self.quiet)
+        progress = Progress(total=rounds.max_rounds, start=self.round, quiet=self.quiet, unit="round",
+                            steps_per_point=self.config.round_steps)
+        self.replica.step_callback = progress.step  # the line moves within a round too
         if rounds.eval_every:  # the starting point, so that "the loss fell" can be read off the status
             self.initial_val = self.replica.evaluate_weights(self.global_weights, self.val_data, rounds.eval_batches)
         loop = RoundLoop(self.replica, self.codec, GossipTransport(self), self.config.round_steps)
@@ -261,6 +276,7 @@ class PeerNode(PeerState):
                              val_loss=val_loss, consensus_distance=cd, partners=partners, received_from=received,
                              seconds=time.perf_counter() - started)
         with self.cond:
+            record.bytes_sent, record.bytes_received = self.bytes_sent, self.bytes_received
             self.history = (self.history + [record])[-HISTORY:]
             self.last_loss = record.loss
             self.last_val = val_loss if val_loss is not None else self.last_val
@@ -284,6 +300,22 @@ class PeerNode(PeerState):
     def start_heartbeats(self) -> None:
         self.heartbeat_thread = threading.Thread(target=self.heartbeat_loop, name="peer-heartbeat", daemon=True)
         self.heartbeat_thread.start()
+
+    def save_model(self) -> str | None:
+        """Write this peer's copy of the global model as a model file (coop.trained); returns its path."""
+        with self.cond:
+            weights = {name: array.copy() for name, array in self.global_weights.items()}
+            round_index = self.round
+        trained = TrainedModel(weights, self.model_config, self.tokenizer,
+                               f"peer {self.peer_id} of swarm {self.swarm}", round_index)
+        path = os.path.join(self.out_dir or f"runs/peer-{self.peer_id}", MODEL_FILE_NAME)
+        try:
+            write_model_file(path, trained)
+        except OSError as error:  # the run is done all the same; say so and leave cleanly
+            self.log(f"could not write the final model to {path} ({error}); pass --out DIR with room to write")
+            return None
+        self.log(f"final model (round {round_index}) written to {path}: `coop sample {path}`")
+        return path
 
     def leave(self, keep_serving: bool = False) -> None:
         """Tell the others we are going (best effort), then stop serving (unless `keep_serving`:
@@ -319,6 +351,7 @@ def _serve_and_run(node: PeerNode, setup, host: str, port: int, wait_peers: int 
         node.start_heartbeats()
         node.wait_for_peers(wait_peers)
         node.run()
+        node.save_model()
         node.leave(keep_serving=linger > 0)
         if linger > 0:  # status and final weights stay readable (GET /v1/status, /v1/state)
             time.sleep(linger)
@@ -343,11 +376,13 @@ def load_identity(key_path: str | None, peer_id: str | None) -> Identity:
 def start_swarm(config: RunConfig, *, host: str = "127.0.0.1", port: int = 8500, token: str | None = None,
                 advertise: str | None = None, device: str = "cpu", wait_peers: int = 1, quiet: bool = False,
                 identity: Identity | None = None, linger: float = 0.0, link: Link | None = None,
-                replica_factory=None) -> int:
-    """Run the first peer of a new swarm until `config.rounds.max_rounds` rounds are done (or Ctrl-C)."""
+                out: str | None = None, replica_factory=None) -> int:
+    """Run the first peer of a new swarm until `config.rounds.max_rounds` rounds are done (or Ctrl-C);
+    its final model goes to `out`/model.safetensors."""
     port = port or _free_port(host)
     node = PeerNode(token=token, advertise=advertise or _default_advertise(host, port), device=device, quiet=quiet,
                     identity=identity, link=link)
+    node.out_dir = out
     if replica_factory is not None:
         node.replica_factory = replica_factory
     return _serve_and_run(node, lambda: node.setup_new_swarm(config), host, port, wait_peers, linger)
@@ -364,6 +399,7 @@ def join(url: str, args: argparse.Namespace) -> int:
                     quiet=bool(getattr(args, "quiet", False)),
                     identity=load_identity(getattr(args, "key", None), getattr(args, "peer_id", None)),
                     link=link_from_args(args))
+    node.out_dir = getattr(args, "out", None)
     if getattr(args, "replica_factory", None) is not None:  # coop-worker join --gpus: data parallel (rank 0)
         node.replica_factory = args.replica_factory
     return _serve_and_run(node, lambda: node.setup_from_peer(url), host, port,
@@ -396,7 +432,7 @@ def start_from_args(args: argparse.Namespace) -> int:
         return start_swarm(config, host=args.host, port=args.port, token=args.token or os.environ.get("COOP_TOKEN"),
                            advertise=args.advertise, device=args.device, wait_peers=args.wait_peers,
                            quiet=args.quiet, identity=load_identity(args.key, args.peer_id), linger=args.linger,
-                           link=link_from_args(args), replica_factory=replica_factory)
+                           link=link_from_args(args), out=args.out, replica_factory=replica_factory)
 
     if place is None:
         return start()

@@ -110,6 +110,8 @@ class RoundRecord(_Message):
     partners: list[str] = Field(default_factory=list, description="peers sent to")
     received_from: list[str] = Field(default_factory=list, description="peers whose update was averaged in")
     seconds: float = 0.0
+    bytes_sent: int = Field(0, description="the peer's bytes sent so far, at the end of this round")
+    bytes_received: int = Field(0, description="the peer's bytes received so far, at the end of this round")
 
 
 class Status(_Message):

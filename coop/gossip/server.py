@@ -2,7 +2,9 @@
 
 Routes only: every decision is the node's (`coop.gossip.node.PeerState`); a node method raises
 `PeerError(status, detail)` and the route answers that status with {"detail": ..., "round": ...}.
-With a swarm token, everything but /v1/info and /v1/status needs `Authorization: Bearer <token>`.
+With a swarm token, everything but /v1/info, /v1/status, /metrics, /docs and the status page `/`
+needs `Authorization: Bearer <token>`; the page then shows the members and the partners only with
+the token (the header, or the cookie of /login: `coop.pageaccess`).
 """
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from coop import __version__
+from coop.apidocs import serve_api_docs
+from coop.gossip.metrics import PeerMetrics
 from coop.gossip.node import PeerError, PeerState
 from coop.gossip.protocol import (
     MAX_JSON_BYTES,
@@ -30,6 +34,8 @@ from coop.gossip.protocol import (
     Status,
     UpdateAccepted,
 )
+from coop.gossip.page import render_peer_page
+from coop.pageaccess import PageAccess, add_login_routes
 from coop.serving import server_config
 
 BINARY = "application/octet-stream"
@@ -97,8 +103,9 @@ async def read_json(request: Request, model: type) -> Any:
 
 
 def create_app(node: PeerState) -> FastAPI:
-    app = FastAPI(title="coop peer", version=__version__,
+    app = FastAPI(title="coop peer", version=__version__, docs_url=None, redoc_url=None,
                   description="Peer-to-peer DiLoCo: the API peers serve each other (docs/p2p.md).")
+    serve_api_docs(app)
 
     @app.exception_handler(PeerError)
     async def _peer_error(request: Request, error: PeerError) -> JSONResponse:
@@ -132,6 +139,23 @@ def create_app(node: PeerState) -> FastAPI:
     @app.get("/v1/status", response_model=Status, responses=responses(503))
     def status() -> Status:
         return node.status()
+
+    metrics = PeerMetrics(node)
+    access = PageAccess(node.token)
+    add_login_routes(app, access, "coop peer")
+
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"description": "Prometheus text exposition format",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}}})
+    def prometheus_metrics() -> Response:
+        """Prometheus metrics (no token needed): the peer's figures, its process, its build."""
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/", response_class=HTMLResponse)
+    def page(request: Request) -> HTMLResponse:
+        """The status page: HTML with SVG charts. With a swarm token, the members and partners only
+        for the token (Authorization header, or the cookie of /login)."""
+        return HTMLResponse(render_peer_page(node.status(), full=access.allows(request), protected=access.protected))
 
     @app.post("/v1/join", response_model=JoinReply, dependencies=auth, responses=json_errors)
     async def join(request: Request) -> JoinReply:

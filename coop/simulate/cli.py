@@ -1,12 +1,16 @@
-"""`coop simulate`'s command line: one flag per SimulateConfig field."""
+"""`coop simulate`'s command line: one flag per SimulateConfig field, and --config FILE (coop.options)."""
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from dataclasses import fields
+import types
+import typing
+from dataclasses import MISSING, fields
 from pathlib import Path
 
+from ..devices import DEVICE_HELP, describe_device
+from ..options import OptionsError, build_options, choices_of, given_options
 from ..progress import format_duration
 from . import report
 from .config import SimulateConfig
@@ -60,38 +64,49 @@ HELP = {
 
 
 def add_parser(subparsers) -> None:
+    # default SUPPRESS: a flag not given is absent from args, so --config's value (or the field's default) stands
     p = subparsers.add_parser("simulate", help="N DiLoCo replicas in one process, against ddp / single baselines",
-                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = SimulateConfig()
+                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              argument_default=argparse.SUPPRESS)
+    p.add_argument("--config", metavar="FILE", help="a TOML file of these options (replicas = 4, ...); "
+                   "the flags given override it")
+    hints = typing.get_type_hints(SimulateConfig)  # Annotated[...] stripped: int, list[Literal[...]], ...
     for f in fields(SimulateConfig):
         flag = "--" + f.name.replace("_", "-")
-        default = getattr(defaults, f.name)
+        default = f.default if f.default is not MISSING else f.default_factory()  # no instance: no device probe
+        kind = hints[f.name]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # int | None
+            kind = next(k for k in typing.get_args(kind) if k is not type(None))
+        item = typing.get_args(kind)[0] if typing.get_origin(kind) is list else kind
+        choices = choices_of(item)
         text = HELP["data"] if f.name == "data" else f"{HELP.get(f.name, '')} (default: {default})".lstrip()
-        if isinstance(default, list) or f.name == "data":
-            p.add_argument(flag, nargs="+", default=default, help=text)
+        if f.name == "device":
+            p.add_argument(flag, metavar="DEVICE", help=DEVICE_HELP)
+        elif typing.get_origin(kind) is list:
+            p.add_argument(flag, nargs="+", choices=choices, help=text)
         elif f.name in ("no_diloco", "quiet"):
             p.add_argument(flag, action="store_true", help=HELP[f.name])
-        elif isinstance(default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=text)
+        elif kind is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, help=text)
         else:
-            kind = int if f.name in ("rounds", "tokens") else type(default)
-            p.add_argument(flag, type=kind, default=default, help=text)
+            p.add_argument(flag, type=str if choices else kind, choices=choices, help=text)
     p.add_argument("--report", nargs="+", metavar="JSONL",
                    help="train nothing: rebuild the table and OUT/plot.png from metrics.jsonl file(s)")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    if args.report:
-        report.finish(report.read_jsonl(args.report), Path(args.out), args.plot)
+    if getattr(args, "report", None):
+        report.finish(report.read_jsonl(args.report), Path(getattr(args, "out", SimulateConfig.out)),
+                      getattr(args, "plot", True))
         return 0
     try:
-        cfg = SimulateConfig(**{f.name: getattr(args, f.name) for f in fields(SimulateConfig)})
-        cfg.join_rounds()
-    except ValueError as error:
-        print(error, file=sys.stderr)
+        cfg = build_options(SimulateConfig, given_options(args, SimulateConfig), getattr(args, "config", None))
+    except OptionsError as error:
+        print(f"coop simulate: {error}", file=sys.stderr)
         return 2
     start = time.perf_counter()
+    print(f"coop simulate: device {describe_device(cfg.device)}")
     simulate(cfg)
     print(f"done in {format_duration(time.perf_counter() - start)}")
     return 0

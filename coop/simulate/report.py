@@ -32,7 +32,7 @@ class RunLog:
         self.name, self.jsonl = name, jsonl
         self.sent, self.received = [0] * replicas, [0] * replicas
         self.tokens, self.records, self.start = 0, [], time.perf_counter()
-        self.progress = Progress(total=total, quiet=quiet)
+        self.progress = Progress(total=total, quiet=quiet, unit="round")
 
     def point(self, done: int, step: int, train_loss: float, val_loss: float | None, tokens: int,
               taking_part: list[int], consensus_distance: float | None = None) -> dict:
@@ -129,7 +129,11 @@ def format_table(rows: list[dict], reference: str = "ddp") -> str:
 def write_plot(records: Iterable[dict], path: str | os.PathLike[str], title: str = "") -> Path:
     """Two panels: val loss against tokens (all replicas together), and against bytes
     communicated per replica (sent + received, log x; runs that send nothing are left out)."""
-    import matplotlib  # imported here: slow to import, and only the plot needs it
+    try:
+        import matplotlib  # imported here: slow to import, optional (coop[plot]), and only the plot needs it
+    except ModuleNotFoundError as error:
+        raise ModuleNotFoundError(f"the plot needs matplotlib: pip install 'coop[plot]' ({error})",
+                                  name=error.name) from None
 
     matplotlib.use("Agg")  # no display needed; never opens a window
     import matplotlib.pyplot as plt
@@ -173,4 +177,10 @@ def finish(records: list[dict], out: Path, plot: bool, log=print, title: str = "
         return
     log("\n" + format_table(summary_rows(records)))
     if plot:
-        log(f"plot: {write_plot(records, out / 'plot.png', title)}")
+        try:
+            log(f"plot: {write_plot(records, out / 'plot.png', title)}")
+        except ModuleNotFoundError as error:
+            if error.name != "matplotlib":
+                raise
+            log("plot: not written, matplotlib is not installed: pip install 'coop[plot]' (the table above and "
+                "metrics.jsonl are written; `coop simulate --report` draws the plot later)")

@@ -243,7 +243,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Ten
         return _Attention.apply(q, k, v, causal=bool(is_causal), scale=float(scale), dropout_p=float(dropout_p),
                                 seed=seed)
     if q.dtype == dtypes.bfloat16:  # the unfused path keeps scores and softmax in float32
-        with autocast("cuda", enabled=False):  # else the float32 inputs would be cast back to bf16
+        if attn_mask is not None and attn_mask.dtype.is_floating_point:
+            attn_mask = attn_mask.float()  # an additive bf16 mask joins the float32 scores
+        with autocast(q.device.type, enabled=False):  # else the float32 inputs would be cast back to bf16
             out = scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask, dropout_p, is_causal, scale)
         return out.type(dtypes.bfloat16)
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T, S)

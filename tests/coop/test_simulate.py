@@ -12,7 +12,7 @@ from coop.cli import main as coop_main
 from coop.codec import get_codec
 from coop.diloco import shapes_of
 from coop.replica import Replica
-from coop.simulate.report import read_jsonl
+from coop.simulate.report import read_jsonl, write_plot
 
 # A tiny GPT on a slice of the embedded corpus: a few ms per step.
 TINY = dict(default_corpus_chars=60_000, n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4,
@@ -158,9 +158,11 @@ def test_cli_writes_jsonl_plot_and_table(tmp_path, capsys):
 
 
 def test_cli_refuses_bad_options_and_missing_gossip(tmp_path, monkeypatch, capsys):
-    assert coop_main(["simulate", "--split", "random", "--out", str(tmp_path)]) == 2
-    assert "--split 'random'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse's choices: one line, exit 2
+        coop_main(["simulate", "--split", "random", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and "invalid choice: 'random'" in capsys.readouterr().err
     assert coop_main(["simulate", "--join-at", "9:1", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == "coop simulate: --join-at '9:1': replica must be in [0, 4), round >= 0"
     monkeypatch.setitem(sys.modules, "coop.gossip.merge", None)  # as if it were not written yet
     with pytest.raises(SystemExit, match="needs coop.gossip.merge"):
         coop_main(["simulate", "--topology", "gossip", "--out", str(tmp_path)])
@@ -231,3 +233,17 @@ def test_adversaries_send_the_attack_and_the_default_merge_holds(tmp_path, monke
         replace(cfg, adversaries=5)
     with pytest.raises(ValueError, match="attack"):
         replace(cfg, attack="krum")
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_the_install_line(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    argv = ["simulate", "--default-corpus-chars", "30000", "--n-layer", "1", "--n-head", "2", "--n-embd", "16",
+            "--block-size", "16", "--batch-size", "2", "--replicas", "2", "--inner-steps", "2", "--rounds", "1",
+            "--eval-batches", "1", "--compression", "fp32", "--baseline", "none", "--out", str(out), "--quiet"]
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as on an install without the [plot] extra
+    assert coop_main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "pip install 'coop[plot]'" in printed and "| diloco-fp32 |" in printed
+    assert (out / "metrics.jsonl").read_text() and not (out / "plot.png").exists()
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'coop\[plot\]'"):
+        write_plot(read_jsonl([out / "metrics.jsonl"]), out / "plot.png")

@@ -83,27 +83,32 @@ def test_no_bias_trains_a_model_without_biases(tmp_path):
 
 
 @pytest.mark.parametrize("option, message", [
-    (["--grad-accum", "0"], "--grad-accum 0 (expected at least 1)"),
-    (["--log-every", "0"], "--log-every 0 (expected at least 1)"),
-    (["--max-steps", "0"], "--max-steps 0 (expected at least 1)"),
-    (["--lr", "-1"], "--lr -1.0 (expected more than 0)"),
-    (["--n-embd", "30", "--n-head", "4"], "--n-embd 30 (expected a multiple of --n-head 4)"),
-    (["--val-fraction", "1.5"], "--val-fraction 1.5 (expected in (0, 1))"),
-    (["--eval-every", "-1"], "--eval-every -1 (expected 0 (only at the end) or more)"),
+    (["--grad-accum", "0"], "--grad-accum 0: input should be greater than or equal to 1"),
+    (["--log-every", "0"], "--log-every 0: input should be greater than or equal to 1"),
+    (["--max-steps", "0"], "--max-steps 0: input should be greater than or equal to 1"),
+    (["--lr", "-1"], "--lr -1.0: input should be greater than 0"),
+    (["--n-embd", "30", "--n-head", "4"], "--n-embd 30 must be a multiple of --n-head 4"),
+    (["--val-fraction", "1.5"], "--val-fraction 1.5: input should be less than 1"),
+    (["--eval-every", "-1"], "--eval-every -1: input should be greater than or equal to 0"),
+    (["--device", "tpu"], "--device tpu: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
 ])
 def test_bad_train_options_exit_2_with_one_line_before_any_work(tmp_path, capsys, option, message):
     from coop.cli import main as coop_main
     assert coop_main(["train", "--out", str(tmp_path / "run"), *option]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("coop train: bad option(s):") and message in err and "\n" not in err, err
+    assert err.startswith("coop train: ") and message in err and "\n" not in err, err
     assert not (tmp_path / "run").exists()  # nothing written
 
 
-def test_a_bad_choice_is_refused_by_the_parser_and_listed_in_help(tmp_path, capsys):
+def test_a_bad_choice_is_refused_by_the_parser_in_one_line_and_listed_in_help(tmp_path, capsys):
     from coop.cli import main as coop_main
     with pytest.raises(SystemExit) as exit_info:
         coop_main(["train", "--precision", "bogus"])
-    assert exit_info.value.code == 2 and "choose from 'auto', 'bf16', 'fp32'" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and "choose from 'auto', 'bf16', 'fp32'" in err and "\n" not in err, err
+    with pytest.raises(SystemExit):
+        coop_main(["train", "-h"])
+    assert "{auto,bf16,fp32}" in capsys.readouterr().out
 
 
 def test_eval_and_checkpoint_every_0_mean_only_at_the_end(tmp_path, capsys):

@@ -22,6 +22,7 @@ from coop.coordinator.state import load_run
 from coop.wire import pack, unpack
 
 from conftest import Coordinator, Worker, run_config
+from page_check import check_chart, check_server_metrics, parse_charts, parse_metrics, value
 
 pytestmark = pytest.mark.e2e
 
@@ -92,11 +93,21 @@ def test_two_workers_train_and_the_global_loss_falls(tmp_path, procs):
         assert worker.wait(30) == 0, worker.output()
         assert "done: 8 rounds contributed" in worker.output()
     page = httpx.get(coordinator.url + "/")  # no token needed for the page and the metrics
-    assert page.status_code == 200 and "<svg" in page.text and "worker1" in page.text
+    assert page.status_code == 200 and "<svg" in page.text and "worker1" not in page.text  # figures only
+    full = httpx.get(coordinator.url + "/", headers=coordinator.headers()).text
+    assert "worker0" in full and "worker1" in full and ">deadline<" not in full  # done: no open round
+    charts = parse_charts(full)
+    assert [c.kind for c in charts] == ["loss", "bytes", "seconds", "count"]
+    for chart in charts:  # the ticks a person reads off a real run
+        check_chart(chart)
+    assert charts[0].x.lo == 0 and charts[0].x.hi == 8  # the loss from the initial weights to the final ones
     metrics = httpx.get(coordinator.url + "/metrics").text
     assert "coop_round 8.0" in metrics and 'coop_updates_total{result="accepted"} 16.0' in metrics
     assert float(re.search(r"^coop_val_loss (\S+)$", metrics, re.M).group(1)) == pytest.approx(losses[-1])
     assert 'coop_eval_reports_total{result="accepted"} 18.0' in metrics  # 9 weights x 2 workers
+    samples = parse_metrics(metrics)
+    check_server_metrics(samples)
+    assert value(samples, "coop_received_bytes_total") == status["totals"]["bytes_in"]
 
 
 @pytest.mark.parametrize("fragments", [1, 2])
@@ -132,7 +143,7 @@ def test_workers_on_the_compressed_downlink_follow_the_coordinators_view(tmp_pat
         assert worker.wait(30) == 0, worker.output()
         assert "done: 8 rounds contributed (0 refused as stale)" in worker.output()
     metrics = httpx.get(coordinator.url + "/metrics").text
-    sent = {m.group(1): float(m.group(2)) for m in re.finditer(r'^coop_bytes_sent_total{what="(\w+)"} (\S+)$', metrics, re.M)}
+    sent = {m.group(1): float(m.group(2)) for m in re.finditer(r'^coop_sent_bytes_total{what="(\w+)"} (\S+)$', metrics, re.M)}
     assert sent.get("delta", 0) > 0, metrics  # rounds 1, 2, 4, 5, 7 went down as int8 changes
     per_delta, per_weights = sent["delta"] / 10, sent["weights"] / 8  # 2 workers: 5 changes, 4 full (join + 3, 6, 8)
     assert per_delta * 2 < per_weights, (per_delta, per_weights)

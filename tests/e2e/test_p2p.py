@@ -3,7 +3,7 @@
 One swarm serves the whole module (tests run in file order): four peers start together; bad
 messages are refused; one peer is SIGKILLed and dropped while the rest carry on; a newcomer joins
 mid-run through a peer other than the first and catches up; at the end the loss has fallen and the
-peers' weights agree (bounded consensus distance).
+peers' weights agree (bounded consensus distance), and a finished peer's page and metrics say so.
 
 The swarm runs a fixed number of rounds and does not wait for the tests, so every test before the
 last one needs it still running: ROUNDS is several times what those tests take (about 40 rounds of
@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 from p2p_helpers import PeerProcess, wait_until
+from page_check import check_chart, check_server_metrics, parse_charts, parse_metrics, value
 
 from coop.codec import get_codec
 from coop.gossip.identity import Identity, card_bytes
@@ -310,3 +311,33 @@ def test_loss_falls_and_consensus_stays_bounded(swarm):
     newcomer_val = statuses[-1]["val_loss"]
     assert abs(newcomer_val - statuses[0]["val_loss"]) < 0.3  # the newcomer caught up
 
+
+
+def test_a_finished_peer_serves_its_page_and_metrics(swarm):
+    # after the last round the peers linger, serving: what a person and Prometheus read off a real run
+    peer = swarm.peers["peer0"]
+    status = peer.status_now()
+    # who it knows (the others left when they finished) and whom it merged with in the rounds shown
+    ids = {m["peer_id"] for m in status["members"]} | {p for h in status["history"][-12:]
+                                                        for p in h["partners"] + h["received_from"]}
+    urls = {m["url"] for m in status["members"]}
+    assert peer.peer_id in ids and len(ids) >= 2 and peer.url in urls
+    anonymous = httpx.get(peer.url + "/", timeout=10)
+    assert anonymous.status_code == 200 and "consensus distance" in anonymous.text
+    assert not [x for x in ids | urls if x in anonymous.text]  # figures only: no ids, no addresses
+    full = httpx.get(peer.url + "/", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).text
+    assert all(x in full for x in ids | urls), (ids, urls)
+    charts = parse_charts(full)
+    assert [c.kind for c in charts] == ["loss", "distance", "bytes", "seconds", "count"]
+    for chart in charts:
+        check_chart(chart)
+    assert charts[0].x.lo == status["history"][0]["round"] == 0 and charts[0].x.hi == ROUNDS - 1
+    samples = parse_metrics(httpx.get(peer.url + "/metrics", timeout=10).text)
+    check_server_metrics(samples)
+    assert value(samples, "coop_round") == status["round"] == ROUNDS
+    assert value(samples, "coop_peer_phase", phase="done") == 1
+    assert value(samples, "coop_received_bytes_total") == status["bytes_received"] > 0
+    assert value(samples, "coop_sent_bytes_total") == status["bytes_sent"] > 0
+    assert value(samples, "coop_val_loss") == pytest.approx(status["val_loss"])
+    assert value(samples, "coop_consensus_distance") == pytest.approx(status["consensus_distance"])
+    assert value(samples, "coop_updates_total", result="accepted") == status["updates_accepted"]

@@ -1,8 +1,10 @@
-"""Every op, forward and backward: against finite differences (float64) and against PyTorch (float32).
+"""Every op, forward and backward: against finite differences (float64) and against PyTorch (float32,
+and bfloat16 on the CPU).
 
 Each case is one call written twice, once for engine and once for torch, on the same inputs.
 Tolerances: finite differences atol 1e-6 + rtol 1e-5 (float64); torch atol 1e-5 + rtol 1e-4 (float32)
-unless a case says otherwise."""
+unless a case says otherwise; bf16: engine's and torch's bf16 runs against torch float32 on the same
+bf16 inputs, engine's error within twice torch's plus two bf16 steps (2^-8) of the largest value."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +12,7 @@ import pytest
 
 import engine
 import engine.nn.functional as F
-from op_check import check_against_torch, check_finite_differences
+from op_check import check_against_torch, check_bf16_against_torch, check_finite_differences
 
 try:
     import torch
@@ -113,6 +115,14 @@ def test_against_torch(name):
     fn, torch_fn, shapes, rng = CASES[name]
     low, high = rng or (-2.0, 2.0)
     check_against_torch(fn, torch_fn, shapes, low=low, high=high)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", IDS)
+def test_bf16_against_torch(name):
+    fn, torch_fn, shapes, rng = CASES[name]
+    low, high = rng or (-2.0, 2.0)
+    check_bf16_against_torch(fn, torch_fn, shapes, low=low, high=high)
 
 
 # ---- ops with integer inputs -----------------------------------------------------------------------
@@ -274,13 +284,21 @@ def test_fused_attention_matches_torch():
                         _causal_torch, [(2, 3, 6, 8), (2, 3, 6, 8), (2, 3, 6, 8)])
 
 
-def test_autocast_is_cuda_only_and_leaves_cpu_alone():
-    with pytest.raises(ValueError, match="cuda"):
-        engine.autocast("cpu")
+def test_autocast_per_device_type_cuda_leaves_cpu_alone():
+    with pytest.raises(ValueError, match="'cuda' or 'cpu'"):
+        engine.autocast("mps")
+    with pytest.raises(ValueError, match="bfloat16"):
+        engine.autocast("cpu", dtype=engine.float16)
     x = engine.randn(2, 3)
     lin = engine.nn.Linear(3, 4)
-    assert not engine.is_autocast_enabled()
+    assert not engine.is_autocast_enabled() and not engine.is_autocast_enabled("cpu")
     with engine.autocast("cuda", dtype=engine.bfloat16):
-        assert engine.get_autocast_dtype("cuda") == engine.bfloat16
+        assert engine.get_autocast_dtype("cuda") == engine.bfloat16 and engine.get_autocast_dtype("cpu") is None
         y = lin(x)  # CPU tensors: float32 as before
     assert y.dtype == engine.float32 and not engine.is_autocast_enabled()
+    with engine.autocast("cpu"):
+        assert engine.get_autocast_dtype("cpu") == engine.bfloat16 and not engine.is_autocast_enabled("cuda")
+        assert lin(x).dtype == engine.bfloat16
+        with engine.autocast("cpu", enabled=False):
+            assert lin(x).dtype == engine.float32
+    assert not engine.is_autocast_enabled("cpu")

@@ -13,14 +13,17 @@ Conventions:
 
 One module per op family, as in cuda/: creation (transfers, full, astype, copy_, the dropout
 mask), elementwise, reduce, movement, matmul, nn (layer norm, softmax, cross-entropy, embedding),
-attention, optim (multi-tensor updates). This package is the backend module: `backend_for(device)`
-returns it, and ops look its functions up here at call time.
+attention, optim (multi-tensor updates), dlpack (exchange with other libraries); bf16 says how
+every family treats bfloat16 arrays (float32 arithmetic, rounded as the CUDA kernels round). This
+package is the backend module: `backend_for(device)` returns it, and ops look its functions up here
+at call time.
 """
 from __future__ import annotations
 
 from .attention import (attention, attention_backward, attention_dropout_mask, attention_qkv,
                         attention_qkv_backward)
 from .creation import Array, arange, astype, contiguous, copy_, dropout_mask, dtype_of, from_numpy, full, to_numpy
+from .dlpack import from_dlpack, to_dlpack
 from .elementwise import binary, gelu_backward, relu_backward, scale, unary, where
 from .malloc import keep_freed_arrays_in_the_heap
 from .matmul import linear, linear_backward, matmul, weight_grad

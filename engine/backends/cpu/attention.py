@@ -1,10 +1,12 @@
 """Attention primitives of the CPU backend, the reference the fused CUDA kernels are checked
-against: scores materialised, dropout masks from the same Philox stream as the kernels'."""
+against: scores materialised, dropout masks from the same Philox stream as the kernels'. bf16 q, k,
+v: scores, softmax and products in float32, out (and the gradients) rounded to bf16, lse float32."""
 from __future__ import annotations
 
 import numpy as np
 
 from .. import philox as _philox
+from .bf16 import any_bf16, narrow, widen
 from .creation import Array
 from .matmul import matmul
 
@@ -47,6 +49,9 @@ def attention(q: Array, k: Array, v: Array, causal: bool, scale: float, dropout_
     (1,) uint64 key the backward needs; without dropout rng is None.
     This reference materialises the scores; the CUDA kernel never does."""
     _check_dropout_p("attention", dropout_p)
+    if any_bf16(q, k, v):
+        out, lse, rng = attention(widen(q), widen(k), widen(v), causal, scale, dropout_p, seed)
+        return narrow(out, q.dtype), lse, rng
     s = matmul(q, k, transpose_b=True) * np.asarray(scale, dtype=q.dtype)  # (..., T, S)
     if causal:
         s = np.where(_causal_hidden(q.shape[-2], k.shape[-2]), -np.inf, s)
@@ -72,6 +77,10 @@ def attention_backward(grad: Array, q: Array, k: Array, v: Array, out: Array, ls
     _check_dropout_p("attention_backward", dropout_p)
     if dropout_p > 0.0 and rng is None:
         raise ValueError("attention_backward: dropout_p > 0 needs the rng that attention() returned")
+    if any_bf16(grad, q, k, v, out):
+        grads = attention_backward(widen(grad), widen(q), widen(k), widen(v), widen(out), widen(lse), causal, scale,
+                                   dropout_p, rng)
+        return tuple(narrow(g, q.dtype) for g in grads)
     dt = q.dtype
     s = matmul(q, k, transpose_b=True) * np.asarray(scale, dtype=dt)
     with np.errstate(invalid="ignore"):

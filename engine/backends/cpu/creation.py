@@ -1,16 +1,18 @@
-"""Transfer, creation and dtype primitives of the CPU backend (numpy arrays), and the dropout mask."""
+"""Transfer, creation and dtype primitives of the CPU backend (numpy arrays), and the dropout mask.
+bf16 arrays are ml_dtypes.bfloat16 numpy arrays (bf16.py); casts to them round to nearest even."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...dtypes import DType
 from ...dtypes import from_numpy as _dtype_of_numpy
+from .bf16 import BF16
 
 
 Array = np.ndarray
 
 
-_np = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "int64": np.int64,
+_np = {"float32": np.float32, "float64": np.float64, "float16": np.float16, "bfloat16": BF16, "int64": np.int64,
        "int32": np.int32, "uint8": np.uint8, "bool": np.bool_}
 
 
@@ -28,15 +30,22 @@ def dtype_of(x: Array) -> DType:
 
 
 def full(shape: tuple, value, dtype: DType, device_index=None) -> Array:
+    if _np[dtype.name] == BF16:  # the value as float32, then rounded (the CUDA fill kernel's order)
+        return np.full(shape, value, dtype=np.float32).astype(BF16)
     return np.full(shape, value, dtype=_np[dtype.name])
 
 
 def arange(start, stop, step, dtype: DType, device_index=None) -> Array:
+    if _np[dtype.name] == BF16:  # start + i * step in float32, each rounded to bf16
+        return np.arange(start, stop, step, dtype=np.float32).astype(BF16)
     return np.arange(start, stop, step, dtype=_np[dtype.name])
 
 
 def astype(x: Array, dtype: DType) -> Array:
-    return x.astype(_np[dtype.name], copy=False)
+    target = _np[dtype.name]
+    if target == BF16 and x.dtype not in (BF16, np.float32):
+        x = x.astype(np.float32)  # through float32, as the CUDA cast kernel (and torch) round
+    return x.astype(target, copy=False)
 
 
 def copy_(dst: Array, src: Array) -> None:
@@ -52,4 +61,6 @@ def contiguous(x: Array) -> Array:
 def dropout_mask(shape: tuple, p: float, seed: int, dtype: DType, device_index=None) -> Array:
     """Inverted-dropout multiplier: 0 with probability p, else 1/(1-p); reproducible from `seed`."""
     keep = np.random.default_rng(seed).random(shape, dtype=np.float32) >= p
+    if _np[dtype.name] == BF16:
+        return (keep.astype(np.float32) * np.float32(1.0 / (1.0 - p))).astype(BF16)
     return keep.astype(_np[dtype.name]) * np.asarray(1.0 / (1.0 - p), dtype=_np[dtype.name])

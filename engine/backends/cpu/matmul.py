@@ -1,15 +1,20 @@
-"""Matrix products of the CPU backend: matmul, linear (with GELU) and its backward, the weight gradient."""
+"""Matrix products of the CPU backend: matmul, linear (with GELU) and its backward, the weight gradient.
+bf16 operands are multiplied in float32 (exact products, float32 sums: cuBLASLt's bf16 GEMM with a
+float32 accumulator), bias and GELU applied in float32, and the output rounded once to bf16."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...dtypes import DType
+from .bf16 import any_bf16, narrow, widen
 from .creation import Array, astype, dtype_of
 from .elementwise import _gelu, gelu_backward
 
 
 def matmul(a: Array, b: Array, transpose_a: bool = False, transpose_b: bool = False) -> Array:
     """(..., M, K) @ (..., K, N) -> (..., M, N), batch dims broadcast; the flags transpose the last two dims."""
+    if any_bf16(a, b):  # (numpy's own bf16 matmul would return float32)
+        return narrow(matmul(widen(a), widen(b), transpose_a, transpose_b), a.dtype)
     if a.ndim > 2 or b.ndim > 2:
         # numpy's batched matmul only reaches BLAS for contiguous matrices; permuted views
         # (attention heads) otherwise take a loop some 30x slower than the copy costs
@@ -24,6 +29,9 @@ def matmul(a: Array, b: Array, transpose_a: bool = False, transpose_b: bool = Fa
 def linear(x: Array, w: Array, b, activation: str | None):
     """x (N, I) @ w (O, I)^T + b (O,) -> out (N, O), then the activation ("gelu" or None).
     Returns (out, pre): pre is the pre-activation (what the backward needs), None without one."""
+    if any_bf16(x, w, b):  # pre and out each rounded once from float32, as the GEMM's bf16 epilogue writes them
+        out, pre = linear(widen(x), widen(w), widen(b), activation)
+        return narrow(out, x.dtype), (narrow(pre, x.dtype) if pre is not None else None)
     pre = matmul(x, w, transpose_b=True)
     if b is not None:
         pre += b
@@ -37,7 +45,14 @@ def linear(x: Array, w: Array, b, activation: str | None):
 def linear_backward(grad: Array, x: Array, w: Array, pre, activation: str | None, need: tuple,
                     param_dtype: DType | None = None):
     """grad (N, O) of linear's out -> dx (N, I), dw (O, I), db (O,); None where `need` (x, w, b) is False.
-    dw and db in param_dtype (None: x's), as the CUDA backend."""
+    dw and db in param_dtype (None: x's), as the CUDA backend; for bf16 x float32 sums throughout, dx
+    rounded to bf16, dw and db rounded only if param_dtype is bf16 (float32 master weights get float32)."""
+    if any_bf16(grad, x, w, pre):
+        pdt = param_dtype if param_dtype is not None else dtype_of(x)
+        if activation is not None:  # d pre, rounded to bf16 as the CUDA kernel stores it for the GEMMs
+            grad = gelu_backward(narrow(pre, x.dtype), narrow(grad, x.dtype))
+        dx, dw, db = linear_backward(widen(grad), widen(x), widen(w), None, None, need, param_dtype=pdt)
+        return (narrow(dx, x.dtype) if dx is not None else None), dw, db
     if activation is not None:
         grad = gelu_backward(pre, grad)
     pdt = param_dtype if param_dtype is not None else dtype_of(x)
@@ -48,5 +63,6 @@ def linear_backward(grad: Array, x: Array, w: Array, pre, activation: str | None
 
 
 def weight_grad(grad: Array, x: Array, dtype: DType) -> Array:
-    """dw (O, I) = grad (N, O)^T @ x (N, I), in `dtype` (the CUDA backend writes float32 for bf16 x)."""
-    return astype(matmul(grad, x, transpose_a=True), dtype)
+    """dw (O, I) = grad (N, O)^T @ x (N, I), in `dtype` (the CUDA backend writes float32 for bf16 x,
+    from its float32 sums: bf16 operands are widened here, not the product rounded)."""
+    return astype(matmul(widen(grad), widen(x), transpose_a=True), dtype)

@@ -1,14 +1,22 @@
 """Neural-network primitives of the CPU backend: layer norm (with the residual add), softmax,
-cross-entropy (with its in-place gradient), embedding."""
+cross-entropy (with its in-place gradient), embedding.
+
+bf16 inputs as the CUDA kernels take them: statistics in float32, outputs of the input's dtype
+rounded once, and what those kernels write in float32 stays float32 here: layer norm's mean, rstd
+and weight gradients, cross-entropy's losses and log-sum-exps, the embedding's weight gradient."""
 from __future__ import annotations
 
 import numpy as np
 
+from .bf16 import any_bf16, narrow, widen
 from .creation import Array
 
 
 def layer_norm(x: Array, weight, bias, eps: float):
     """x (..., C) -> out (..., C), mean (...,), rstd (...,); weight, bias (C,) or None."""
+    if any_bf16(x, weight, bias):
+        out, mean, rstd = layer_norm(widen(x), widen(weight), widen(bias), eps)
+        return narrow(out, x.dtype), mean, rstd
     mean = x.mean(axis=-1, keepdims=True)
     xc = x - mean
     var = np.mean(xc * xc, axis=-1, keepdims=True)
@@ -22,15 +30,21 @@ def layer_norm(x: Array, weight, bias, eps: float):
 
 
 def add_layer_norm(x: Array, residual: Array, weight, bias, eps: float):
-    """s = x + residual (..., C) and layer_norm(s): -> s, out, mean, rstd."""
-    s = x + residual
+    """s = x + residual (..., C) and layer_norm(s): -> s, out, mean, rstd (bf16: s rounded before the
+    statistics, as the two ops would)."""
+    s = narrow(widen(x) + widen(residual), x.dtype) if any_bf16(x, residual) else x + residual
     return (s,) + layer_norm(s, weight, bias, eps)
 
 
 def layer_norm_backward(grad: Array, x: Array, weight, mean: Array, rstd: Array, need_weight_grads: bool = True,
                         residual_grad=None):
     """grad (..., C) -> dx (..., C), dweight (C,) or None, dbias (C,) or None; with residual_grad (..., C),
-    dx + residual_grad (the gradient of the residual stream that x is, as the CUDA backend fuses it)."""
+    dx + residual_grad (the gradient of the residual stream that x is, as the CUDA backend fuses it).
+    bf16 x: dx of x's dtype, dweight and dbias float32."""
+    if any_bf16(grad, x, weight, residual_grad):
+        dx, dweight, dbias = layer_norm_backward(widen(grad), widen(x), widen(weight), mean, rstd, need_weight_grads,
+                                                 widen(residual_grad))
+        return narrow(dx, x.dtype), dweight, dbias
     C = x.shape[-1]
     xhat = (x - mean[..., None]) * rstd[..., None]
     gw = grad * weight if weight is not None else grad
@@ -48,25 +62,35 @@ def layer_norm_backward(grad: Array, x: Array, weight, mean: Array, rstd: Array,
 
 def softmax(x: Array) -> Array:
     """Softmax over the last axis."""
+    if any_bf16(x):
+        return narrow(softmax(widen(x)), x.dtype)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
 
 
 def softmax_backward(out: Array, grad: Array) -> Array:
+    if any_bf16(out, grad):
+        return narrow(softmax_backward(widen(out), widen(grad)), out.dtype)
     return out * (grad - (grad * out).sum(axis=-1, keepdims=True))
 
 
 def log_softmax(x: Array) -> Array:
+    if any_bf16(x):
+        return narrow(log_softmax(widen(x)), x.dtype)
     shifted = x - x.max(axis=-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def log_softmax_backward(out: Array, grad: Array) -> Array:
+    if any_bf16(out, grad):
+        return narrow(log_softmax_backward(widen(out), widen(grad)), out.dtype)
     return grad - np.exp(out) * grad.sum(axis=-1, keepdims=True)
 
 
 def cross_entropy(logits: Array, targets: Array, ignore_index: int):
-    """logits (N, V), targets (N,) int64 -> losses (N,) (0 where ignored), lse (N,) logsumexp per row."""
+    """logits (N, V), targets (N,) int64 -> losses (N,) (0 where ignored), lse (N,) logsumexp per row;
+    both float32 for bf16 logits."""
+    logits = widen(logits)
     m = logits.max(axis=-1)
     lse = m + np.log(np.exp(logits - m[:, None]).sum(axis=-1))
     valid = targets != ignore_index
@@ -77,7 +101,10 @@ def cross_entropy(logits: Array, targets: Array, ignore_index: int):
 
 
 def cross_entropy_backward(logits: Array, targets: Array, lse: Array, grad: Array, ignore_index: int) -> Array:
-    """grad (N,) of each row's loss -> dlogits (N, V) = (softmax - onehot) * grad (0 where ignored)."""
+    """grad (N,) of each row's loss -> dlogits (N, V) = (softmax - onehot) * grad (0 where ignored), of
+    the logits' dtype."""
+    if any_bf16(logits, grad):
+        return narrow(cross_entropy_backward(widen(logits), targets, lse, widen(grad), ignore_index), logits.dtype)
     valid = targets != ignore_index
     g = np.where(valid, grad, 0).astype(logits.dtype)
     dlogits = np.exp(logits - lse[:, None])
@@ -89,7 +116,13 @@ def cross_entropy_backward(logits: Array, targets: Array, lse: Array, grad: Arra
 def cross_entropy_with_grad_(logits: Array, targets: Array, ignore_index: int) -> Array:
     """logits (N, V), targets (N,) int64 -> losses (N,) (0 where ignored); the logits are overwritten in
     place by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows). The fused
-    classifier's step: its (N, V) buffer holds the logits, then their gradient, never both."""
+    classifier's step: its (N, V) buffer holds the logits, then their gradient, never both. bf16
+    logits: computed in float32, the gradient rounded into the bf16 buffer; the losses float32."""
+    if any_bf16(logits):
+        wide = widen(logits)
+        losses = cross_entropy_with_grad_(wide, targets, ignore_index)
+        np.copyto(logits, wide, casting="same_kind")
+        return losses
     losses, lse = cross_entropy(logits, targets, ignore_index)
     valid = targets != ignore_index
     logits -= lse[:, None]
@@ -105,7 +138,9 @@ def embedding(weight: Array, idx: Array) -> Array:
 
 
 def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array:
-    """grad (..., C) -> dweight (V, C), rows scatter-added (a token seen twice gets both gradients)."""
+    """grad (..., C) -> dweight (V, C), rows scatter-added (a token seen twice gets both gradients);
+    float32 for a bf16 grad (the float32 master weight's gradient under autocast), as on the GPU."""
+    grad = widen(grad)
     C = grad.shape[-1]
     out = np.zeros((num_embeddings, C), dtype=grad.dtype)
     np.add.at(out, idx.reshape(-1), grad.reshape(-1, C))
