@@ -48,6 +48,7 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
     """Parse argv and run the chosen subcommand's `run(args)`; help when none was chosen.
     Shared by `coop`, `coop-coordinator` and `coop-worker`."""
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what coop.launch starts once per rank
     if getattr(args, "log_level", None):
         logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     if not getattr(args, "run", None):

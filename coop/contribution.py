@@ -7,7 +7,9 @@ answered with 422): the message was well formed but is not an honest update of t
 
 - `tokens`: an int in [1, K x B x T] (inner steps x batch size x block size of the run config):
   no replica trains on more tokens in one round, and the weight of an update in the mean is its
-  token count, so an inflated claim would outweigh everyone else.
+  token count, so an inflated claim would outweigh everyone else. A worker whose replica trains
+  data parallel on G GPUs (`coop-worker join --gpus`, joined with the device label 'cuda xG')
+  takes G batches a step: the coordinator allows it G x K x B x T (`gpus_of_device_label`).
 - `loss`: a finite number or null.
 - arrays: exactly the model's tensor names, shapes and dtypes (after the codec's decode, checked
   before anything of the claimed size is allocated), finite, and no value beyond MAX_ABS_VALUE.
@@ -39,6 +41,17 @@ class ContributionError(WireError):
 def max_tokens_of(config: RunConfig) -> int:
     """K x B x T (K / P with P fragments): the most tokens one replica trains on in one round."""
     return config.round_steps * config.inner.batch_size * config.model.block_size
+
+
+MAX_GPUS_PER_WORKER = 16
+
+
+def gpus_of_device_label(label: str) -> int:
+    """G from a worker's device label 'cuda xG' (1 for any other label), at most MAX_GPUS_PER_WORKER."""
+    kind, _, count = str(label).rpartition(" x")
+    if not kind or not count.isdigit():
+        return 1
+    return max(1, min(int(count), MAX_GPUS_PER_WORKER))
 
 
 def check_tokens(tokens: Any, max_tokens: int) -> int:

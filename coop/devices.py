@@ -53,3 +53,11 @@ def device_arg(value: str) -> str:
         return resolve_device(value)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def spread_device(device: str, index: int) -> str:
+    """Where replica `index` of a simulation runs: 'cuda' (no index) spreads the replicas round
+    robin over every visible GPU (cuda:0, cuda:1, ...); any other device is used as given."""
+    if device != "cuda" or not engine.cuda.is_available() or engine.cuda.device_count() < 2:
+        return device
+    return f"cuda:{index % engine.cuda.device_count()}"

@@ -23,11 +23,14 @@ from pydantic import ConfigDict, Field, field_validator
 from pydantic.dataclasses import dataclass
 
 import engine
+import engine.distributed as dist
 from engine.checkpoint import CheckpointNotFoundError, load_checkpoint, save_checkpoint
 from engine.data import (BPETokenizer, CharTokenizer, default_corpus, encode_corpus_in_memory,
                          tokenizer_from_json)
 from engine.nn import GPT, GPTConfig
+from engine.nn.parallel import DistributedDataParallel
 
+from . import launch
 from .progress import Progress, format_duration
 from .devices import DEVICE_HELP, describe_device, resolve_device
 from .hf import HFFormatError, read_hf_config, read_hf_dir
@@ -200,7 +203,9 @@ class Trainer:
             self.log(f"initialised from {cfg.init_from} (GPT-2: {cfg.n_layer} layers, {cfg.n_embd} wide, "
                      f"vocab {vocab}, {self.tokenizer!r})")
         self.optimizer = make_optimizer(self.model, "adamw", cfg.lr, cfg.weight_decay, (0.9, cfg.beta2))
-        self.rng = np.random.default_rng(cfg.seed)
+        # --gpus: rank r draws its own batches (rank 0 those of a one-GPU run); rank 0 evaluates and saves
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.rng = np.random.default_rng(cfg.seed + 1_000_003 * self.rank)
         step = 0
         self.history: list[dict] = []
         if state:
@@ -211,7 +216,10 @@ class Trainer:
             step = int(state["step"])
             self.history = list(state["history"])
             self.log(f"resumed from {self.ckpt_path} at step {step}")
-        self.train_step_fn = TrainStep(self.model, self.optimizer, device=cfg.device, lr=cfg.lr, min_lr=cfg.min_lr,
+        # with a process group, every step's gradients are averaged over the ranks (after the
+        # checkpoint's weights are in, so the wrap's broadcast from rank 0 carries them)
+        stepped = DistributedDataParallel(self.model) if dist.is_initialized() else self.model
+        self.train_step_fn = TrainStep(stepped, self.optimizer, device=cfg.device, lr=cfg.lr, min_lr=cfg.min_lr,
                                        warmup_steps=cfg.warmup_steps, total_steps=cfg.max_steps,
                                        precision=cfg.precision, grad_clip=cfg.grad_clip, grad_accum=cfg.grad_accum,
                                        graph=cfg.graph)
@@ -254,11 +262,14 @@ class Trainer:
 
 
 def train(cfg: TrainConfig, log=print) -> dict:
-    """Run (or resume) a training run; returns a summary with the final losses."""
+    """Run (or resume) a training run; returns a summary with the final losses. With a process
+    group (`coop train --gpus`), every rank trains and rank 0 alone logs, evaluates and saves."""
+    if dist.get_rank() != 0:
+        return _follow_training(cfg)
     t = Trainer(cfg, log)
     t.out.mkdir(parents=True, exist_ok=True)
     n_params = t.model.num_parameters()
-    tokens_per_step = cfg.batch_size * cfg.block_size * cfg.grad_accum
+    tokens_per_step = cfg.batch_size * cfg.block_size * cfg.grad_accum * t.world_size
     log(f"model: {n_params / 1e6:.2f}M parameters, vocab {t.tokenizer.vocab_size}, "
         f"device {describe_device(cfg.device)}; data: {len(t.train_data):,} train / {len(t.val_data):,} val tokens; "
         f"{tokens_per_step:,} tokens per step")
@@ -308,6 +319,18 @@ def train(cfg: TrainConfig, log=print) -> dict:
     return summary
 
 
+def _follow_training(cfg: TrainConfig) -> dict:
+    """A rank other than 0 of `coop train --gpus`: the same steps on its own batches, nothing written."""
+    t = Trainer(cfg, log=lambda *a, **k: None)
+    with Interrupt() as interrupt:  # Ctrl-C: this rank too stops after its step, as rank 0 does
+        while t.step < cfg.max_steps:
+            t.train_step()
+            if interrupt.asked:
+                raise KeyboardInterrupt
+    engine.cuda.synchronize()
+    return {"steps": t.step}
+
+
 def add_parser(subparsers) -> None:
     # default SUPPRESS: a flag not given is absent from args, so --config's value (or the field's default) stands
     p = subparsers.add_parser("train", help="train a GPT on a text corpus in this process",
@@ -344,6 +367,7 @@ def add_parser(subparsers) -> None:
                         "--no-graph runs every op from Python)")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    launch.add_gpus_options(p)
     p.set_defaults(run=run)
 
 
@@ -359,15 +383,29 @@ def shape_disagreements(init_from: str, given: dict) -> list[str]:
 
 
 def run(args) -> int:
+    place = launch.current_rank()
+    if place is not None:  # a rank of --gpus: its one GPU (or the CPU)
+        args.device = place.device
     given, config_file = given_options(args, TrainConfig), getattr(args, "config", None)
     try:
         cfg = build_options(TrainConfig, given, config_file)
     except OptionsError as error:
         print(f"coop train: {error}", file=sys.stderr)
         return 2
+    if problem := launch.launch_problem("coop train", args):
+        print(problem, file=sys.stderr)
+        return 2
+    if launch.wants_launch(args):  # --gpus: one rank per GPU, each step's gradients averaged over them
+        return launch.launch("coop train", "coop.cli", getattr(args, "argv", sys.argv[1:]), args)
     # the model options given (flags, or the file) must agree with --init-from's directory
     chosen = {**(read_options_file(config_file, TrainConfig) if config_file else {}), **given}
     shape_given = {name: chosen[name] for name in MODEL_SHAPE if name in chosen}
+    if place is not None:  # a rank of --gpus: into the launcher's process group first
+        try:
+            launch.init_rank_group(place)
+        except dist.DistributedError as error:
+            print(f"coop train: rank {place.rank}: {error}", file=sys.stderr)
+            return 1
     try:
         if cfg.init_from and (bad := shape_disagreements(cfg.init_from, shape_given)):
             raise HFFormatError(f"{'; '.join(bad)}; leave these options out, the shape comes from the directory")
@@ -375,6 +413,15 @@ def run(args) -> int:
     except (HFFormatError, ModelSourceError) as error:
         print(f"coop train: --init-from {cfg.init_from}: {error}", file=sys.stderr)
         return 2
+    except dist.DistributedError as error:
+        print(f"\ncoop train: rank {place.rank if place else 0}: {error}", file=sys.stderr)
+        return 1
+    finally:
+        if place is not None:
+            try:
+                dist.destroy_process_group()
+            except dist.DistributedError:
+                pass
     return 0
 
 

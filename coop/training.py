@@ -109,7 +109,8 @@ class TrainStep:
         self.grad_clip, self.grad_accum = grad_clip, grad_accum
         self.step_count = 0
         # forward, backward, clipping and the update as one CUDA graph after two eager warm-up steps
-        self.captured = engine.cuda.graphs.CapturedStep(self._update) \
+        # (on the step's own GPU: a replica on cuda:1 captures cuda:1's stream)
+        self.captured = engine.cuda.graphs.CapturedStep(self._update, device=device) \
             if graph and str(device).startswith("cuda") else None
 
     def lr_at(self, step: int) -> float:
@@ -136,11 +137,13 @@ class TrainStep:
             total = loss.detach()
         else:
             total = None
+            no_sync = getattr(self.model, "no_sync", None)  # data parallel: reduce only the last micro-batch's sum
             for i in range(self.grad_accum):
                 with autocast_for(self.device, self.precision):
                     _, loss = self.model(x[i], y[i])
                 loss = loss * (1.0 / self.grad_accum)
-                loss.backward()
+                with no_sync() if no_sync is not None and i < self.grad_accum - 1 else contextlib.nullcontext():
+                    loss.backward()
                 total = loss.detach() if total is None else total + loss.detach()
         if self.grad_clip:
             clip_grad_norm_(self.model.parameters(), self.grad_clip)

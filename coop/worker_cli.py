@@ -8,6 +8,7 @@ worker asks `GET URL/v1/info` what it is talking to and behaves accordingly.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import socket
@@ -17,10 +18,11 @@ from pathlib import Path
 
 import httpx
 
-from coop import __version__
+from coop import __version__, launch
 from coop.cli import run_command
 from coop.options import CommandParser
 from coop.coordinator.worker import WorkerOptions, run_worker
+from coop.data_parallel import run_rank
 from coop.devices import DEVICE_HELP, describe_device, device_arg
 from coop.gossip import peer
 from coop.gossip.options import add_link_options, link_from_args
@@ -42,6 +44,7 @@ def add_shared_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     add_link_options(parser)
+    launch.add_gpus_options(parser)
     peer = parser.add_argument_group("peer-to-peer runs (used only when URL is a peer: this worker serves too)")
     peer.add_argument("--host", default=None, help="address this peer listens on (default: 127.0.0.1; 0.0.0.0 for all)")
     peer.add_argument("--port", type=int, default=None, help="port this peer listens on (default: a free one)")
@@ -104,6 +107,20 @@ def _sigterm_as_interrupt(signum, frame):  # docker stop / kubectl delete: leave
 def join_command(args) -> int:
     args.token = args.token or os.environ.get("COOP_TOKEN")
     link_from_args(args)  # a bad --limit-rate / --latency exits 2 here, before any connection
+    if problem := launch.launch_problem("coop-worker", args):
+        print(problem, file=sys.stderr)
+        return 2
+    if launch.wants_launch(args):  # --gpus: this process starts and watches one rank per GPU
+        return launch.launch("coop-worker", "coop.worker_cli", args.argv, args)
+    place = launch.current_rank()
+    if place is not None:  # a rank of `--gpus`: rank 0 joins the run, the others follow it
+        args.device = place.device
+        args.quiet = args.quiet or place.rank != 0
+        return run_rank("coop-worker", place, lambda factory: _join(args, factory, place))
+    return _join(args)
+
+
+def _join(args, replica_factory=None, place=None) -> int:
     if not args.quiet:  # --device was resolved (auto -> cuda or cpu) and checked by the parser
         print(f"coop-worker: device {describe_device(args.device)}", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
@@ -111,11 +128,13 @@ def join_command(args) -> int:
         info = server_info(args.url, args.retry_for)
     except KeyboardInterrupt:
         return 130
-    if info["kind"] == "peer":
+    if info["kind"] == "peer":  # (peers cap an update's tokens at one replica's: coop.data_parallel)
+        args.replica_factory = replica_factory and functools.partial(replica_factory, counts_all_ranks=False)
         return int(peer.join(args.url, args) or 0)
     options = WorkerOptions(url=args.url, token=args.token, name=args.name, device=args.device,
                             cache_dir=_cache_dir(args), max_rounds=args.max_rounds, retry_for_s=args.retry_for,
-                            timeout_s=args.timeout, quiet=args.quiet, link=link_from_args(args))
+                            timeout_s=args.timeout, quiet=args.quiet, link=link_from_args(args),
+                            replica_factory=replica_factory, gpus=1 if place is None else place.world_size)
     return run_worker(options)
 
 

@@ -13,6 +13,11 @@ static constexpr bool kCudaBuilt = true;
 #else
 static constexpr bool kCudaBuilt = false;
 #endif
+#ifdef ENGINE_WITH_NCCL
+static constexpr bool kNcclBuilt = true;
+#else
+static constexpr bool kNcclBuilt = false;
+#endif
 
 PYBIND11_MODULE(_C, m) {
     m.doc() = "engine's native extension: build information and (when built) the CUDA backend";
@@ -28,8 +33,11 @@ PYBIND11_MODULE(_C, m) {
         d["cuda_version"] = ENGINE_CUDA_VERSION;
         d["cuda_archs"] = kCudaBuilt ? ENGINE_CUDA_ARCHS : "";
         d["cublaslt_path"] = ENGINE_CUBLASLT_PATH;
+        d["nccl_built"] = kNcclBuilt;
+        d["nccl_reason"] = kNcclBuilt ? "" : (kCudaBuilt ? ENGINE_NCCL_REASON : "the CUDA backend is not built");
+        d["nccl_path"] = ENGINE_NCCL_PATH;
         return d;
-    }, "What was built: version, compiler, whether the CUDA backend is in (and why not), cuBLASLt path.");
+    }, "What was built: version, compiler, whether the CUDA backend and NCCL are in (and why not), library paths.");
 
 #ifdef ENGINE_WITH_CUDA
     engine::bind_cuda(m);

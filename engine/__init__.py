@@ -3,7 +3,7 @@ CUDA backend of its own kernels (engine._C).
 
 Layers, each importing only from those before it: dtypes, device, random, autocast -> _native
 (loads engine._C) -> backends (cpu/, cuda/) -> tensor (the data type) -> autograd -> ops (one
-Function per op) -> methods (Tensor's op methods), factories -> nn, graphs -> optim, cuda -> this
+Function per op) -> methods (Tensor's op methods), factories -> distributed -> nn, graphs -> optim, cuda -> this
 package; data and checkpoint stand apart."""
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from .factories import (arange, empty, from_dlpack, from_numpy, full, full_like,
                         randn, zeros, zeros_like)
 from . import cuda  # noqa: E402  (engine.cuda.is_available() etc.; never fails without a GPU)
 from . import nn, optim  # noqa: E402
+from . import distributed  # noqa: E402  (engine.distributed: process groups, collectives; never needs a GPU)
 
 bool = bool_  # engine.bool, as torch.bool
 device = Device

@@ -4,7 +4,7 @@ from __future__ import annotations
 import platform
 import sys
 
-from . import cuda
+from . import cuda, distributed
 
 
 def main() -> int:
@@ -16,6 +16,10 @@ def main() -> int:
         print(f"  cuBLASLt:      {info.get('cublaslt_path')}")
     else:
         print(f"  CUDA backend:  not built: {info.get('cuda_reason')}")
+    if info.get("nccl_built"):
+        print(f"  NCCL:          {info.get('nccl_path')} (engine.distributed 'nccl' backend)")
+    else:
+        print(f"  NCCL:          not built: {distributed.nccl_unavailable_reason()}")
     if cuda.is_available():
         print(f"  devices:       {cuda.device_count()}")
         for i in range(cuda.device_count()):

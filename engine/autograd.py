@@ -144,8 +144,10 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 g = tuple(entry[1])
             elif g is None:
                 continue
-            elif ctx is None:  # a leaf
+            elif ctx is None:  # a leaf: every path into it is summed already, so its .grad is final here
                 node._accumulate_grad(g)
+                for hook in getattr(node, "_post_accumulate_grad_hooks", ()):
+                    hook(node)  # data parallel training starts reducing this gradient's bucket now
                 continue
             elif node._retains_grad:
                 node._accumulate_grad(g)
@@ -164,7 +166,28 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 node._ctx = None
 
 
+class _HookHandle:
+    """What register_post_accumulate_grad_hook returns: remove() takes the hook off again."""
+
+    def __init__(self, hooks: list, hook):
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self) -> None:
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
+
+
 @install_methods
 class AutogradMethods:
     def backward(self, gradient=None, retain_graph: bool = False) -> None:
         backward(self, gradient, retain_graph)
+
+    def register_post_accumulate_grad_hook(self, hook) -> _HookHandle:
+        """Call hook(tensor) in every backward() once this leaf's .grad has its final value for that
+        pass (PyTorch's name). DistributedDataParallel launches its gradient buckets from here."""
+        if self._ctx is not None:
+            raise RuntimeError("register_post_accumulate_grad_hook: only leaf tensors (parameters) accumulate "
+                               "gradients; this tensor is the output of an op")
+        hooks = self.__dict__.setdefault("_post_accumulate_grad_hooks", [])
+        hooks.append(hook)
+        return _HookHandle(hooks, hook)

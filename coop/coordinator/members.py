@@ -9,6 +9,8 @@ import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from coop.contribution import gpus_of_device_label
+
 
 def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
@@ -44,6 +46,11 @@ class WorkerRecord:
     last_loss: float | None = None
     tokens_per_s: float | None = None  # of the worker's last round (tokens / training seconds)
     history: list[float] = field(default_factory=list)  # recent local losses, for the page
+
+    @property
+    def gpus(self) -> int:
+        """GPUs training this worker's replica together (`--gpus`: it joined as 'cuda xG')."""
+        return gpus_of_device_label(self.device)
 
     def public(self, now: float, timeout_s: float) -> dict[str, Any]:
         """What the status endpoint and page show (no token digest)."""

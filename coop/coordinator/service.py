@@ -308,11 +308,12 @@ class Coordinator:
         self.totals["updates_rejected"] += 1
         self.metrics.updates.labels(reason).inc()
 
-    def decode_update(self, body: bytes | bytearray, round_number: int) -> tuple[PreparedUpdate, dict]:
-        """In a thread, beside the other uploads: the checked update, ready for its aggregator."""
+    def decode_update(self, body: bytes | bytearray, round_number: int, gpus: int = 1) -> tuple[PreparedUpdate, dict]:
+        """In a thread, beside the other uploads: the checked update, ready for its aggregator. A
+        worker of G GPUs (`--gpus`) may claim G x K x B x T tokens."""
         f = fragment_of_round(round_number, len(self.parts))  # a stale round's is refused by its number anyway
         update, meta = check_update(body, round_number, shapes=self.part_shapes[f], spec=self.part_specs[f],
-                                    codec=self.config.compression.codec, max_tokens=self.max_tokens,
+                                    codec=self.config.compression.codec, max_tokens=self.max_tokens * gpus,
                                     max_bytes=self.max_update_bytes)
         try:
             return self.aggregators[f].prepare(update), meta
@@ -322,7 +323,7 @@ class Coordinator:
     async def submit_update(self, record: WorkerRecord, round_number: int, body: bytes | bytearray) -> dict[str, Any]:
         nbytes = len(body)
         try:
-            update, meta = await asyncio.to_thread(self.decode_update, body, round_number)
+            update, meta = await asyncio.to_thread(self.decode_update, body, round_number, record.gpus)
         except RequestError as error:
             self.reject(record, "invalid")
             log.warning("update from %s for round %d refused (%d): %s", record.id, round_number, error.status, error.message)

@@ -23,6 +23,7 @@ import re
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,15 @@ class WorkerOptions:
     timeout_s: float = 600.0  # for one transfer
     quiet: bool = False
     link: Link | None = None  # --limit-rate / --latency: the transfers paced as over such a link
+    # makes the replica (Replica's signature); --gpus: coop.data_parallel's LeadingReplica, whose steps
+    # are data parallel over the worker's GPUs. None: a plain Replica on `device`
+    replica_factory: Callable[..., Replica] | None = None
+    gpus: int = 1  # the GPUs training this worker's replica together (--gpus); its updates count all their tokens
+
+    @property
+    def device_label(self) -> str:
+        """The device as the coordinator is told it: 'cuda', or 'cuda x2' for two GPUs (coop.contribution)."""
+        return self.device if self.gpus == 1 else f"{self.device} x{self.gpus}"
 
 
 # What a name from the network may hold before it becomes part of a file name: no separator, no
@@ -118,7 +128,7 @@ class Worker:
     # -- joining -----------------------------------------------------------------------------------
     def join(self) -> None:
         response = self.client.request("POST", "/v1/join", token=self.options.token,
-                                       json={"name": self.options.name[:64], "device": self.options.device[:32]})
+                                       json={"name": self.options.name[:64], "device": self.options.device_label[:32]})
         info = response.json()
         self.client.token = info["worker_token"]
         self.run_info = info
@@ -129,7 +139,8 @@ class Worker:
         if self.replica is None:
             model_config = GPTConfig.from_dict(info["model"])
             inner = InnerConfig(**info["inner"])
-            self.replica = Replica(model_config, shard, inner, device=self.options.device, seed=int(info["seed"]))
+            make = self.options.replica_factory or Replica
+            self.replica = make(model_config, shard, inner, device=self.options.device, seed=int(info["seed"]))
             shapes = {name: tuple(p.shape) for name, p in self.replica.model.named_parameters()}
             codec = get_codec(info["compression"]["codec"], **info["compression"]["options"])
             parts = fragments(shapes, int(info.get("fragments", 1)))  # streaming DiLoCo: a fragment a round
@@ -142,7 +153,7 @@ class Worker:
             self.say(f"joined {self.client.url} as {info['worker_id']} at round {info['round']}: GPT "
                      f"{n_params / 1e6:.2f}M parameters, K = {info['inner_steps']}, codec "
                      f"{info['compression']['codec']}, shard {info['shard']['index']}/{info['shard']['count']} "
-                     f"({len(shard):,} tokens), device {self.options.device}")
+                     f"({len(shard):,} tokens), device {self.options.device_label}")
         else:  # rejoined: keep the model and the inner optimizer state, take the (maybe new) shard
             self.replica.data = shard
             self.val_check.every, self.val_check.max_rounds = every, int(info["max_rounds"])  # a restart may change them

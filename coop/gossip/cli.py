@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from coop import launch
 from coop.devices import describe_device
 from coop.gossip.options import START_DESCRIPTION, add_start_options
 from coop.gossip.peer import start_from_args
@@ -22,8 +23,10 @@ def _print_example(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    if not args.quiet:  # --device was resolved (auto -> cuda or cpu) and checked by the parser
-        print(f"coop swarm start: device {describe_device(args.device)}", file=sys.stderr, flush=True)
+    place = launch.current_rank()  # --gpus: the launcher says where its ranks are; rank 0 its device
+    if not args.quiet and not launch.wants_launch(args) and (place is None or place.rank == 0):
+        print(f"coop swarm start: device {describe_device(place.device if place else args.device)}",
+              file=sys.stderr, flush=True)
     return start_from_args(args)
 
 

@@ -7,6 +7,7 @@ import sys
 
 from coop.devices import DEVICE_HELP, device_arg
 from coop.throttle import Link, LinkLimits
+from coop.launch import add_gpus_options
 
 START_DESCRIPTION = ("Start a peer-to-peer swarm: this process is its first peer; others join with "
                      "`coop-worker join http://THIS-HOST:PORT` (through this peer or any other live one).")
@@ -55,6 +56,7 @@ def add_start_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait-peers", type=int, default=1, help="start round 0 once this many peers (this one "
                         "included) are in the swarm (default: %(default)s, start at once)")
     add_peer_options(parser, 8500)
+    add_gpus_options(parser)  # --gpus: this peer's replica data parallel over several GPUs (coop.launch)
 
 
 def build_start_parser(prog: str = "coop swarm start") -> argparse.ArgumentParser:

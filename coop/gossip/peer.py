@@ -27,6 +27,8 @@ import httpx
 import numpy as np
 
 import engine
+from coop import launch
+from coop.data_parallel import run_rank
 from coop.diloco import NesterovSGD
 from coop.gossip.identity import Identity, verify
 from coop.gossip.membership import Membership
@@ -75,6 +77,8 @@ class PeerNode(PeerState):
     """A peer that trains: joins or starts a swarm, sends heartbeats, trains and merges each round."""
 
     server: ServerThread | None = None
+    # makes the replica (Replica's signature); --gpus: coop.data_parallel's LeadingReplica
+    replica_factory = Replica
     out_dir: str | None = None  # where the final model file goes (None: runs/peer-<id>)
 
     # ------------------------------------------------------------------------------------------
@@ -95,8 +99,8 @@ class PeerNode(PeerState):
         if initial is not None:
             load_weights(model, initial)
         # each peer samples its own batches from the whole training split, seeded by its id
-        self.replica = Replica(model_config, train, config.inner_config(), self.device,
-                               seed=int(self.peer_id.encode().hex()[:15], 16) % (2**31), model=model)
+        self.replica = self.replica_factory(model_config, train, config.inner_config(), self.device,
+                                            seed=int(self.peer_id.encode().hex()[:15], 16) % (2**31), model=model)
         self.val_data = val
         self.config = config
         self.codec = config.codec()
@@ -372,13 +376,15 @@ def load_identity(key_path: str | None, peer_id: str | None) -> Identity:
 def start_swarm(config: RunConfig, *, host: str = "127.0.0.1", port: int = 8500, token: str | None = None,
                 advertise: str | None = None, device: str = "cpu", wait_peers: int = 1, quiet: bool = False,
                 identity: Identity | None = None, linger: float = 0.0, link: Link | None = None,
-                out: str | None = None) -> int:
+                out: str | None = None, replica_factory=None) -> int:
     """Run the first peer of a new swarm until `config.rounds.max_rounds` rounds are done (or Ctrl-C);
     its final model goes to `out`/model.safetensors."""
     port = port or _free_port(host)
     node = PeerNode(token=token, advertise=advertise or _default_advertise(host, port), device=device, quiet=quiet,
                     identity=identity, link=link)
     node.out_dir = out
+    if replica_factory is not None:
+        node.replica_factory = replica_factory
     return _serve_and_run(node, lambda: node.setup_new_swarm(config), host, port, wait_peers, linger)
 
 
@@ -394,6 +400,8 @@ def join(url: str, args: argparse.Namespace) -> int:
                     identity=load_identity(getattr(args, "key", None), getattr(args, "peer_id", None)),
                     link=link_from_args(args))
     node.out_dir = getattr(args, "out", None)
+    if getattr(args, "replica_factory", None) is not None:  # coop-worker join --gpus: data parallel (rank 0)
+        node.replica_factory = args.replica_factory
     return _serve_and_run(node, lambda: node.setup_from_peer(url), host, port,
                           linger=float(getattr(args, "linger", 0) or 0))
 
@@ -409,11 +417,26 @@ def start_from_args(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"coop swarm start: {error}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    return start_swarm(config, host=args.host, port=args.port, token=args.token or os.environ.get("COOP_TOKEN"),
-                       advertise=args.advertise, device=args.device, wait_peers=args.wait_peers, quiet=args.quiet,
-                       identity=load_identity(args.key, args.peer_id), linger=args.linger, link=link_from_args(args),
-                       out=args.out)
+    if problem := launch.launch_problem("coop swarm start", args):
+        print(problem, file=sys.stderr)
+        return 2
+    if launch.wants_launch(args):  # --gpus: one rank per GPU; rank 0 is the peer, the others follow it
+        module, argv = ("coop.cli", args.argv) if hasattr(args, "argv") else ("coop.gossip.peer", sys.argv[1:])
+        return launch.launch("coop swarm start", module, argv, args)
+    place = launch.current_rank()
+    if place is not None:
+        args.device = place.device
+
+    def start(replica_factory=None) -> int:
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        return start_swarm(config, host=args.host, port=args.port, token=args.token or os.environ.get("COOP_TOKEN"),
+                           advertise=args.advertise, device=args.device, wait_peers=args.wait_peers,
+                           quiet=args.quiet, identity=load_identity(args.key, args.peer_id), linger=args.linger,
+                           link=link_from_args(args), out=args.out, replica_factory=replica_factory)
+
+    if place is None:
+        return start()
+    return run_rank("coop swarm start", place, start, counts_all_ranks=False)
 
 
 def start_main(argv: list[str] | None = None) -> int:

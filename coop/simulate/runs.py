@@ -11,7 +11,7 @@ import engine
 from engine.data import TokenDataset
 
 from ..replica import Replica
-from ..devices import device_problem
+from ..devices import device_problem, spread_device
 from ..round import RoundLoop
 from . import report
 from .adversary import AdversarialReplica
@@ -43,7 +43,8 @@ def run_diloco(setup: Setup, codec_name: str, jsonl: Path | None = None) -> RunR
     topology = TOPOLOGIES[cfg.topology](setup, initial, first)
     loops = []
     for i in range(n):
-        replica = new_replica(setup, setup.shards[i], inner, data_seed(cfg.seed, i), **adversary(cfg, i))
+        replica = new_replica(setup, setup.shards[i], inner, data_seed(cfg.seed, i),  # --device cuda: round robin
+                              device=spread_device(cfg.device, i), **adversary(cfg, i))
         if optimizer_state is not None:  # every replica goes local from the synchronous phase's state
             replica.load_global(initial)
             replica.optimizer.load_state_dict(optimizer_state)

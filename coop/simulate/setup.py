@@ -83,8 +83,11 @@ def inner_config(cfg: SimulateConfig, batch_size: int, total_steps: int) -> Inne
                        grad_clip=cfg.grad_clip, batch_size=batch_size, block_size=cfg.block_size)
 
 
-def new_replica(setup: Setup, data: TokenDataset, inner: InnerConfig, seed: int, cls=Replica, **extra) -> Replica:
-    replica = cls(setup.model_config, data, inner, setup.cfg.device, seed=seed, model=GPT(setup.model_config), **extra)
+def new_replica(setup: Setup, data: TokenDataset, inner: InnerConfig, seed: int, cls=Replica, device: str | None = None,
+                **extra) -> Replica:
+    """A replica of the setup's model on `device` (default: --device)."""
+    replica = cls(setup.model_config, data, inner, device or setup.cfg.device, seed=seed, model=GPT(setup.model_config),
+                  **extra)
     replica.load_global(setup.initial)
     return replica
 

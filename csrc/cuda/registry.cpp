@@ -38,6 +38,9 @@ void bind_matmul(py::module_& m);
 void bind_embedding(py::module_& m);
 void bind_optimizer(py::module_& m);
 void bind_random(py::module_& m);
+#ifdef ENGINE_WITH_NCCL
+void bind_nccl(py::module_& m);  // nccl/bind.cpp: the process group of engine.distributed, when NCCL was found
+#endif
 
 void bind_cuda(py::module_& m) {
     bind_runtime(m);  // first: CudaError and DeviceBuffer, which later signatures name
@@ -53,6 +56,9 @@ void bind_cuda(py::module_& m) {
     bind_embedding(m);
     bind_optimizer(m);
     bind_random(m);
+#ifdef ENGINE_WITH_NCCL
+    bind_nccl(m);
+#endif
 }
 
 }  // namespace engine
