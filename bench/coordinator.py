@@ -122,6 +122,11 @@ def bench(model: dict, codec: str, workers: int, rounds: int) -> dict:
         "in_MBps": round(bytes_in / round_s / 1e6, 1),
         "in_out_MBps": round((bytes_in + workers * weights_bytes) / round_s / 1e6, 1),
         "close_s": round(close_sum / max(close_count, 1), 2),
+        # the close's parts (the coordinator's history): the last checkpoint's write still going, the
+        # aggregation with the outer step, packing the weights; and how long a checkpoint write takes
+        "close_parts_s": {k: round(statistics.mean(h.get("close_parts_s", {}).get(k, 0.0) for h in history), 2)
+                          for k in history[0].get("close_parts_s", {})},
+        "checkpoint_write_s": (status.get("checkpoint") or {}).get("write_s"),
         "worker_upload_s": round(statistics.median(t for r in reports for t in r["upload_s"]), 2),
         "worker_download_s": round(statistics.median(t for r in reports for t in r["download_s"]), 2),
         "startup_rss_MB": round(startup_rss),
