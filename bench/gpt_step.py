@@ -4,7 +4,9 @@ Prints one JSON line per (config, implementation, mode) with ms/step and tokens/
 per config with every mode's tokens/s as a ratio to PyTorch's torch.compile bf16 (same model, same
 run, same GPU). Modes: engine fp32 (TF32 matmuls), engine bf16 (engine.autocast) and engine bf16 with
 the whole step replayed as one CUDA graph (engine.cuda.graphs.CapturedStep); PyTorch eager
-fp32 (TF32), eager bf16 (torch.autocast) and torch.compile bf16, where torch is importable. The two
+fp32 (TF32), eager bf16 (torch.autocast), torch.compile bf16 and torch.compile bf16 in its
+"reduce-overhead" mode (CUDA graphs), where torch is importable; a last line per config gives every
+mode's ratio to the strongest torch.compile mode of the run. The two
 configurations and the PyTorch model are the reference ones (bench/torch_gpt.py).
 
     python bench/gpt_step.py                      # both configs, 30 timed steps after 8 warm-up
@@ -134,7 +136,9 @@ def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32", pr
     torch.backends.cudnn.allow_tf32 = True
     m = torch_model(c).to("cuda")
     nparams = sum(p.numel() for p in m.parameters())
-    fwd = torch.compile(m) if mode == "compile_bf16" else m
+    # reduce-overhead: torch.compile replaying CUDA graphs, as our captured step does (the strongest mode)
+    fwd = {"compile_bf16": lambda: torch.compile(m),
+           "compile_bf16_reduce_overhead": lambda: torch.compile(m, mode="reduce-overhead")}.get(mode, lambda: m)()
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if mode.endswith("bf16") else contextlib.nullcontext
     opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)
     idx = torch.randint(0, c["V"], (c["B"], c["T"]), device="cuda")
@@ -176,8 +180,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--engine-modes", nargs="+", default=["fp32", "bf16", "bf16_graph"],
                     choices=["fp32", "bf16", "bf16_graph"])
-    ap.add_argument("--torch-modes", nargs="+", default=["eager_fp32", "eager_bf16", "compile_bf16"],
-                    choices=["eager_fp32", "eager_bf16", "compile_bf16"])
+    ap.add_argument("--torch-modes", nargs="+",
+                    default=["eager_fp32", "eager_bf16", "compile_bf16", "compile_bf16_reduce_overhead"],
+                    choices=["eager_fp32", "eager_bf16", "compile_bf16", "compile_bf16_reduce_overhead"])
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
     ap.add_argument("--profile", action="store_true", help="add the top kernels by GPU time of each mode (needs torch)")
     args = ap.parse_args(argv)
@@ -217,6 +222,14 @@ def main(argv=None) -> int:
             ratios = {f"{r['impl']}_{r['mode']}": round(r["tokens_per_s"] / base["tokens_per_s"], 3)
                       for r in rows if "tokens_per_s" in r}
             print(json.dumps(dict(config=name, tokens_per_s_ratio_to_torch_compile_bf16=ratios)), flush=True)
+        compiled = [r for r in rows if r.get("impl") == "torch" and str(r.get("mode")).startswith("compile")
+                    and "tokens_per_s" in r]
+        if compiled:  # the strongest torch.compile mode of this run is the reference the engine is judged by
+            best = max(compiled, key=lambda r: r["tokens_per_s"])
+            ratios = {f"{r['impl']}_{r['mode']}": round(r["tokens_per_s"] / best["tokens_per_s"], 3)
+                      for r in rows if "tokens_per_s" in r}
+            print(json.dumps(dict(config=name, strongest_torch=best["mode"],
+                                  tokens_per_s_ratio_to_strongest_torch=ratios)), flush=True)
     return 0
 
 
