@@ -101,5 +101,8 @@ def server_config(app: Any, host: str, port: int, *, max_connections: int = MAX_
         stack: dict[str, Any] = {"loop": "uvloop", "http": protocol}
     else:
         stack = {"loop": "auto", "http": "h11", "h11_max_incomplete_event_size": MAX_HEADER_BYTES}
+    # log_config None: uvicorn's own loggers go to the root logger that the command configured (one
+    # log format for coop and uvicorn, the level from --log-level)
+    options.setdefault("log_config", None)
     return uvicorn.Config(app, host=host, port=port, limit_concurrency=max_connections,
                           timeout_keep_alive=keep_alive_s, **stack, **options)
