@@ -92,11 +92,7 @@ class TrainConfig:
     sample_tokens: AtLeast0 = 300  # 0: no sample
     quiet: bool = False
 
-    @field_validator("device")
-    @classmethod
-    def _real_device(cls, device: str) -> str:
-        return resolve_device(device)
-
+    _real_device = field_validator("device")(resolve_device)  # "auto" -> cuda or cpu
     _data_files = field_validator("data")(existing_files)
 
     def __post_init__(self) -> None:
