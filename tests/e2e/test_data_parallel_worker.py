@@ -27,12 +27,17 @@ def test_a_two_rank_worker_trains_and_counts_both_ranks_tokens(tmp_path, procs):
 
 
 def test_a_killed_rank_ends_its_worker_and_the_run_goes_on(tmp_path, procs):
-    config = run_config(rounds={"max_rounds": 12, "eval_every": 0}, inner={"steps": 20},
+    # Enough rounds that neither worker can finish the run before the other joins: the pair (two
+    # rank processes) starts first, and the solo worker only once the pair is in.
+    config = run_config(rounds={"max_rounds": 60, "eval_every": 0}, inner={"steps": 20},
                         coordinator={"min_deadline_s": 4.0, "max_deadline_s": 6.0, "worker_timeout_s": 4.0})
     coordinator = procs(Coordinator(tmp_path, config))
     pair = procs(Worker(tmp_path, coordinator, "pair", "--cpu-ranks", "2"))
+    coordinator.wait_status(lambda s: any(w["name"] == "pair" for w in s["workers"]), 120,
+                            "the pair to join", [pair.log])
     solo = procs(Worker(tmp_path, coordinator, "solo"))
-    coordinator.wait_status(lambda s: s["round"] >= 2 and s["active_workers"] == 2, 120,
+    coordinator.wait_status(lambda s: s["active_workers"] == 2 and any(
+        h.get("contributors") == 2 for h in s["history"]), 120,
                             "round 2 with both workers", [pair.log, solo.log])
     pids = wait_until(lambda: re.search(r"pids (\d+), (\d+)", pair.output()), 10, "the ranks' pids", [pair.log])
     os.kill(int(pids.group(2)), signal.SIGKILL)  # rank 1 of the pair
