@@ -20,6 +20,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import robust as robust_ops
+from .robust import Flat
+from .spool import Spool, SpooledVector
 from .threads import parallel_map
 
 Weights = Mapping[str, np.ndarray]
@@ -126,16 +128,19 @@ class Aggregator:
     the plain weighted mean, clipped to `max_norm` only (a median of two norms bounds nothing).
 
     Memory: `"mean"` keeps one float32 (or `dtype`) running sum per tensor, O(model), so the HTTP
-    coordinator can aggregate any number of workers. **The robust rules keep every contribution:
-    O(N x model)** (N float32 copies of the model), plus, while `result()` runs, one (N, tensor
-    size) stack and its int64 sort order per tensor (CenteredClip: three float64 copies of the
-    model instead). `add` validates the whole update before touching any state: a refused update
+    coordinator can aggregate any number of workers. **The robust rules keep every contribution**:
+    N float32 copies of the model, in RAM, or with a `spool` (coop.spool) on disk, where the
+    process's memory stays O(model) (the close reads the N rows of one chunk of coordinates at a
+    time); `result()` adds the (size,) result and per thread one (N, chunk) stack (CenteredClip
+    loads the spooled contributions whole and makes three float64 copies of the model). `add`
+    validates the whole update before touching any state: a refused update
     leaves the aggregator as it was.
     """
 
     def __init__(self, shapes: Shapes, *, rule: str = DEFAULT_RULE, trim_fraction: float = DEFAULT_TRIM_FRACTION,
                  clip_factor: float | None = DEFAULT_CLIP_FACTOR, max_norm: float | None = None,
-                 min_contributions: int = DEFAULT_MIN_CONTRIBUTIONS, dtype: Any = np.float32):
+                 min_contributions: int = DEFAULT_MIN_CONTRIBUTIONS, dtype: Any = np.float32,
+                 spool: Spool | None = None):
         if rule not in RULES:
             raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
         if max_norm is not None and not (math.isfinite(max_norm) and max_norm > 0):
@@ -153,6 +158,7 @@ class Aggregator:
         self.trim_fraction = float(trim_fraction)
         self.min_contributions = min_contributions
         self.dtype = np.dtype(dtype)
+        self.spool = None if self.streaming else spool  # the robust rules' contributions on disk (coop.spool)
         self.reference_norm: float | None = None  # "mean": the median norm of the last full round
         self.reset()
 
@@ -165,12 +171,15 @@ class Aggregator:
         carries over: the median norm of the round just ended, if it had enough contributions."""
         if getattr(self, "count", 0) >= self.min_contributions:
             self.reference_norm = float(np.median(self.norms))
+        for values, _ in getattr(self, "_kept", []):
+            if isinstance(values, SpooledVector):
+                values.close()  # its disk space back now, not when the garbage collector gets to it
         self.count = 0
         self.total_weight = 0.0
         self.norms: list[float] = []  # each contribution's norm before clipping, for logging
         self.clip_bound: float | None = None  # the bound the last result() (or add, streamed) applied
         self._sum: dict[str, np.ndarray] | None = None  # name -> sum of weight * update (streaming mode)
-        self._kept: list[tuple[np.ndarray, float]] = []  # (update as one flat float32 vector, weight) (robust rules)
+        self._kept: list[tuple[Flat, float]] = []  # (update as one flat float32 vector, weight) (robust rules)
         self.left_out: list[int] = []  # filtered_mean: indices (in order of add) left out by the last result()
 
     def add(self, update: Weights, weight: float = 1.0) -> float:
@@ -242,10 +251,12 @@ class Aggregator:
             return {name: np.asarray(total / self.total_weight, dtype=np.float32) for name, total in self._sum.items()}
         return self._robust_result()
 
-    def _flatten(self, update: Weights) -> np.ndarray:
+    def _flatten(self, update: Weights) -> Flat:
         """The update's tensors, in the model's order, as one float32 vector (one copy: the caller's
-        arrays may be views into a request body). The coordinate-wise rules then run over chunks of
-        it in parallel threads, whatever the tensors' sizes."""
+        arrays may be views into a request body), in memory or in the spool. The coordinate-wise
+        rules then run over chunks of it in parallel threads, whatever the tensors' sizes."""
+        if self.spool is not None:
+            return self.spool.write(np.asarray(update[name]) for name in self.shapes)
         flat = np.empty(sum(math.prod(shape) for shape in self.shapes.values()), dtype=np.float32)
         offset = 0
         for name, shape in self.shapes.items():
@@ -271,7 +282,8 @@ class Aggregator:
         scales = np.array([1.0 if bound is None or norm <= bound else bound / norm for norm in self.norms], np.float32)
         weights = np.array([w for _, w in self._kept], dtype=np.float64)  # (N,)
         if robust and self.rule == "centered_clip":
-            clipped = [self._unflatten(u * s if s != 1 else u) for (u, _), s in zip(self._kept, scales)]
+            whole = [u if isinstance(u, np.ndarray) else u.load() for u, _ in self._kept]  # (it needs whole vectors)
+            clipped = [self._unflatten(u * s if s != 1 else u) for u, s in zip(whole, scales)]
             start = robust_ops.over_chunks(lambda stack: robust_ops.weighted_median(stack, weights),
                                            [u for u, _ in self._kept], scales)
             centre = robust_ops.centered_clip(clipped, weights, self._unflatten(start))
@@ -291,15 +303,21 @@ class Aggregator:
         """The cosine of each clipped contribution to the coordinate-wise median, then the weighted
         mean of those that agree (coop.robust.agreeing). The median is the unweighted one: a member
         that claims many tokens cannot pull the reference its way (its weight counts only in the
-        mean, once it agrees). The median and the mean run over chunks of coordinates on every core;
-        the dot products are one BLAS call per contribution over the whole vector (float32, as the
-        sorts: a round's close must be fast, the filter needs only the cosines' order of magnitude)."""
+        mean, once it agrees). The median, the dot products and the mean run over chunks of coordinates
+        on every core, the median used in the chunk it is made for (float32 within a chunk, float64
+        across: the filter needs only the cosines' order of magnitude)."""
         n = len(self._kept)
         flats = [u for u, _ in self._kept]
-        reference = robust_ops.over_chunks(robust_ops.median, flats, scales)
-        dots = np.array([float(scales[i]) * float(np.dot(f, reference)) for i, f in enumerate(flats)])
+
+        def dots_with_median(stack: np.ndarray) -> np.ndarray:  # (N, chunk) clipped -> (N + 1,): x_i . m, m . m
+            median = robust_ops.median(stack)  # einsum's own loop: BLAS in a pool thread would start threads of its own
+            return np.append(np.einsum("ns,s->n", stack, median), np.einsum("s,s->", median, median))
+
+        # one pass: the median of a chunk is used where it is made, never kept whole
+        sums = robust_ops.over_chunks(dots_with_median, flats, scales, reduce=True)
+        dots, reference_norm2 = sums[:n], float(sums[n])
         norms2 = (scales.astype(np.float64) * np.array(self.norms)) ** 2
-        cosines = dots / np.sqrt(np.maximum(norms2 * float(np.dot(reference, reference)), 1e-300))
+        cosines = dots / np.sqrt(np.maximum(norms2 * reference_norm2, 1e-300))
         kept = robust_ops.agreeing(cosines, AGREEMENT_FRACTION)
         self.left_out = sorted(set(range(n)) - set(kept.tolist()))
         coefficients = scales[kept].astype(np.float64) * weights[kept] / weights[kept].sum()
@@ -393,13 +411,22 @@ class NesterovSGD:
         progress = min(1.0, (t - self.warmup_steps) / (self.decay_steps - self.warmup_steps))
         return self.lr * (self.min_lr_factor + (1 - self.min_lr_factor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
-    def step(self, global_weights: dict[str, np.ndarray], pseudo_grad: Weights) -> None:
-        """Move `global_weights` (float32 arrays, modified in place) along the aggregated pseudo-gradient."""
+    def step(self, global_weights: dict[str, np.ndarray], pseudo_grad: Weights,
+             out: dict[str, np.ndarray] | None = None) -> None:
+        """Move `global_weights` (float32 arrays, modified in place) along the aggregated pseudo-gradient.
+        With `out` (arrays of the same shapes), the moved weights are written there instead and
+        `global_weights` is left as it was: the coordinator computes the next round's weights
+        straight into the body it will serve (coop.wire.lay_out) while this round's is still served."""
         _check_same_tensors(shapes_of(global_weights), pseudo_grad, "pseudo-gradient")
+        if out is not None:
+            _check_same_tensors(shapes_of(global_weights), out, "outer step's output")
+        targets = global_weights if out is None else out
         for name, weight in global_weights.items():
-            if not (isinstance(weight, np.ndarray) and weight.dtype == np.float32 and weight.flags.writeable):
-                got = getattr(weight, "dtype", type(weight).__name__)
-                raise TypeError(f"global weight {name!r} must be a writable float32 numpy array (updated in place), got {got}")
+            target = targets[name]
+            if not (isinstance(target, np.ndarray) and target.dtype == np.float32 and target.flags.writeable):
+                got = getattr(target, "dtype", type(target).__name__)
+                what = "global weight" if out is None else "output"
+                raise TypeError(f"{what} {name!r} must be a writable float32 numpy array (updated in place), got {got}")
             buffer = self.momentum_buffer.get(name)
             if buffer is not None and buffer.shape != weight.shape:
                 raise ValueError(
@@ -419,6 +446,7 @@ class NesterovSGD:
         def update(piece: tuple[str, int, int]) -> None:  # one chunk of one tensor (stop -1: all of it)
             name, start, stop = piece
             weight = flat(global_weights[name], start, stop)
+            target = flat(targets[name], start, stop)
             grad = np.asarray(pseudo_grad[name], dtype=np.float32)
             grad = flat(grad, start, stop) if stop >= 0 else grad
             if self.momentum == 0:
@@ -431,11 +459,12 @@ class NesterovSGD:
                     buffer *= momentum
                     buffer += grad
                 direction = grad + momentum * buffer if self.nesterov else buffer
-            weight -= lr * direction
+            np.subtract(weight, lr * direction, out=target)
 
         pieces = []
         for name, w in global_weights.items():
-            contiguous = w.flags.c_contiguous and self.momentum_buffer.get(name, w).flags.c_contiguous
+            contiguous = (w.flags.c_contiguous and self.momentum_buffer.get(name, w).flags.c_contiguous
+                          and targets[name].flags.c_contiguous)
             pieces += ([(name, start, min(start + _OUTER_CHUNK, w.size)) for start in range(0, w.size, _OUTER_CHUNK)]
                        if contiguous else [(name, 0, -1)])
         parallel_map(update, pieces, sum(w.size for w in global_weights.values()))  # the same numbers, on every core

@@ -19,12 +19,27 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .spool import SpooledVector
 from .threads import parallel_map
+
+Flat = np.ndarray | SpooledVector  # one contribution as a flat float32 vector, in memory or spooled (coop.spool)
 
 CHUNK = 1 << 15  # coordinates per task of over_chunks: an (N, CHUNK) float32 stack (N x 128 KB) stays in the cache
 
 
-def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[np.ndarray], scales: np.ndarray,
+def rows(flats: Sequence[Flat], start: int, stop: int) -> np.ndarray:
+    """The (N, stop - start) float32 stack of N flat contributions' coordinates [start, stop): each
+    row copied from an in-memory vector, or read straight into place from a spooled one."""
+    stack = np.empty((len(flats), stop - start), dtype=np.float32)
+    for row, flat in zip(stack, flats):
+        if isinstance(flat, np.ndarray):
+            row[:] = flat[start:stop]
+        else:
+            flat.read_into(start, row)
+    return stack
+
+
+def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[Flat], scales: np.ndarray,
                 reduce: bool = False) -> np.ndarray:
     """Apply a coordinate-wise `rule` ((N, chunk) float32 stack -> (chunk,)) to N flat contributions,
     each scaled by its `scales` entry (norm clipping), one chunk of coordinates at a time on every
@@ -33,8 +48,7 @@ def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[np.nda
     size = flats[0].size
 
     def one(start: int) -> np.ndarray:
-        stop = min(start + CHUNK, size)
-        stack = np.stack([f[start:stop] for f in flats])  # (N, chunk) float32, a copy
+        stack = rows(flats, start, min(start + CHUNK, size))  # (N, chunk) float32, a copy
         if np.any(scales != 1):
             stack *= scales[:, None]
         return rule(stack)
@@ -49,7 +63,7 @@ def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[np.nda
     return out
 
 
-def weighted_sum(flats: Sequence[np.ndarray], coefficients: np.ndarray) -> np.ndarray:
+def weighted_sum(flats: Sequence[Flat], coefficients: np.ndarray) -> np.ndarray:
     """sum_i c_i x_i over N flat float32 vectors, one chunk of coordinates at a time on every core
     (no (N, size) stack is made). Accumulated in float64 and rounded once, so the order of the
     contributions does not change the float32 result (a gossip group and the star merge agree)."""
@@ -59,9 +73,13 @@ def weighted_sum(flats: Sequence[np.ndarray], coefficients: np.ndarray) -> np.nd
 
     def one(start: int) -> None:
         stop = min(start + CHUNK, size)
-        acc = flats[0][start:stop] * coefficients[0]  # float64
-        for flat, c in zip(flats[1:], coefficients[1:]):
-            acc += flat[start:stop] * c
+        acc = np.zeros(stop - start, dtype=np.float64)
+        row = np.empty(stop - start, dtype=np.float32)
+        for flat, c in zip(flats, coefficients):
+            if isinstance(flat, np.ndarray):
+                acc += flat[start:stop] * c
+            else:
+                acc += flat.read_into(start, row) * c
         out[start:stop] = acc
 
     parallel_map(one, range(0, size, CHUNK), size * len(flats))

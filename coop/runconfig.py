@@ -185,11 +185,15 @@ class CoordinatorSection(Section):
     clip_factor: float | None = Field(DEFAULT_CLIP_FACTOR, ge=0.0)  # clip to this x the median norm; 0/None: off
     max_norm: float | None = Field(None, gt=0.0)  # clip each contribution's global L2 norm to this, too
     min_contributions: int = Field(DEFAULT_MIN_CONTRIBUTIONS, ge=1)  # fewer: the plain weighted mean
+    # uploads are received into files of state_dir/spool, all at once, and the robust rules keep
+    # the round's updates there: memory O(model) (the page cache holds what fits in RAM). false:
+    # in RAM, workers x model bytes, and only concurrent_uploads bodies read at once
+    spool_updates: bool = True
     # limits on what the network may send
     max_update_bytes: int | None = Field(None, ge=1024)  # None: the fp32 size of the model plus headers
     max_json_bytes: int = Field(65536, ge=1024)
     max_workers: int = Field(1024, ge=1)
-    concurrent_uploads: int = Field(2, ge=1)  # bodies held in memory at once (memory ~ this x one update)
+    concurrent_uploads: int = Field(2, ge=1)  # bodies in memory at once, being decoded (memory ~ this x one update)
     # limits on time and connections (a slow or hostile client must not hold the server)
     body_timeout_s: float = Field(600.0, gt=0.0)  # to send one request body; then 408 (an update at 1 MB/s: 600 MB)
     header_timeout_s: float = Field(10.0, gt=0.0)  # to send a request's line and headers; then the connection is closed
@@ -461,9 +465,9 @@ trim_fraction = 0.25  # trimmed_mean drops this fraction of the values at each e
 clip_factor = 2.0     # first clip each update to 2x the round's median norm (0: off)
 min_contributions = 3 # rounds with fewer updates take the plain weighted mean
 # max_norm = 10.0     # also clip each worker's update to this global L2 norm
-# the robust rules keep every update of the round: memory ~ workers x model (fp32)
+spool_updates = true   # uploads and the robust rules' updates in files of state_dir/spool: memory O(model)
 max_workers = 1024     # worker records at most (records of workers gone for worker_timeout_s are pruned)
-concurrent_uploads = 2 # update bodies read at once (one per worker at a time)
+concurrent_uploads = 2 # update bodies in memory at once, being decoded (one upload per worker at a time)
 body_timeout_s = 600   # to send one request body, then 408
 header_timeout_s = 10  # to send a request's headers, then the connection is closed
 keep_alive_s = 30      # idle keep-alive connections are closed after this long

@@ -86,11 +86,55 @@ def pack(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any] | None =
             raise TypeError(f"tensor {name!r}: dtype {array.dtype} cannot go on the wire; use one of {_SUPPORTED}")
         # np.asarray(order="C"), not ascontiguousarray, which turns 0-d arrays into shape (1,).
         arrays[name] = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
+    return safetensors.numpy.save(arrays, metadata={METADATA_KEY: _metadata_json(metadata)})
+
+
+@dataclass(frozen=True)
+class Laid:
+    """A message laid out in one buffer before its values exist: `tensors` are writable views of
+    the buffer's data, so whatever is computed into them is already the `body` (no packing copy,
+    no second copy of the arrays in memory). Once the body is served, the views must not change."""
+
+    body: memoryview
+    tensors: dict[str, np.ndarray]
+
+
+def lay_out(specs: Mapping[str, TensorSpec], metadata: Mapping[str, Any] | None = None) -> Laid:
+    """The safetensors layout of `pack(tensors, metadata)` for tensors of these specs, in one
+    buffer, the header written and the data uninitialised. Tensors are placed by decreasing
+    itemsize then name, so every view is aligned; the header is padded to 8 bytes as safetensors
+    pads it. `unpack` and the safetensors library both read the body."""
+    tags = {dtype: tag for tag, dtype in _DTYPE_OF_TAG.items()}
+    header: dict[str, Any] = {"__metadata__": {METADATA_KEY: _metadata_json(metadata)}}
+    order = sorted(specs, key=lambda name: (-np.dtype(specs[name].dtype).itemsize, name))
+    offset = 0
+    for name in order:
+        spec = specs[name]
+        dtype = np.dtype(spec.dtype).newbyteorder("<")
+        if dtype not in tags:
+            raise TypeError(f"tensor {name!r}: dtype {spec.dtype} cannot go on the wire; use one of {_SUPPORTED}")
+        size = math.prod(spec.shape) * dtype.itemsize
+        header[name] = {"dtype": tags[dtype], "shape": list(spec.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)
+    buffer = np.empty(8 + len(raw) + offset, dtype=np.uint8)
+    buffer[:8] = np.frombuffer(struct.pack("<Q", len(raw)), dtype=np.uint8)
+    buffer[8 : 8 + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    base, tensors = 8 + len(raw), {}
+    for name in order:
+        entry = header[name]
+        begin, end = entry["data_offsets"]
+        dtype = _DTYPE_OF_TAG[entry["dtype"]]
+        tensors[name] = buffer[base + begin : base + end].view(dtype).reshape(specs[name].shape)
+    return Laid(memoryview(buffer), {name: tensors[name] for name in specs})
+
+
+def _metadata_json(metadata: Mapping[str, Any] | None) -> str:
     try:
-        metadata_json = json.dumps(dict(metadata or {}), allow_nan=False, separators=(",", ":"))
+        return json.dumps(dict(metadata or {}), allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as error:
         raise ValueError(f"metadata must be JSON-able without NaN/inf (plain dicts, lists, str, numbers): {error}") from error
-    return safetensors.numpy.save(arrays, metadata={METADATA_KEY: metadata_json})
 
 
 def unpack(

@@ -41,6 +41,7 @@ from starlette.requests import ClientDisconnect
 from coop import __version__
 from coop.apidocs import serve_api_docs
 from coop.pageaccess import PageAccess, add_login_routes
+from coop.spool import Spool, SpooledBody
 
 from .evaluation import EvalReport
 from .members import WorkerRecord, retry_after_header
@@ -51,6 +52,7 @@ from .updates import RequestError
 
 log = logging.getLogger("coop.coordinator")
 OCTET = "application/octet-stream"
+SPOOL_WRITE = 8 << 20  # bytes of an upload gathered before one write to its spool file
 
 
 class JoinRequest(BaseModel):
@@ -149,21 +151,24 @@ def _bearer(request: Request) -> str | None:
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
-async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytearray:
+async def read_body(request: Request, limit: int, timeout_s: float | None = None,
+                    spool: Spool | None = None) -> bytearray | SpooledBody:
     """The request body within `timeout_s` (else 408), refusing more than `limit` bytes (413)
-    before reading it when Content-Length says so, and while reading otherwise. Preallocated: no
-    repeated copies. A client that goes away midway raises starlette's ClientDisconnect."""
+    before reading it when Content-Length says so, and while reading otherwise. In memory
+    (preallocated: no repeated copies), or with a `spool` into a file of it as it arrives. A
+    client that goes away midway raises starlette's ClientDisconnect."""
     if timeout_s is None:
-        return await _read_body(request, limit)
+        return await _read_body(request, limit, spool)
     try:
-        return await asyncio.wait_for(_read_body(request, limit), timeout_s)
+        return await asyncio.wait_for(_read_body(request, limit, spool), timeout_s)
     except asyncio.TimeoutError:
         raise RequestError(408, f"the body did not arrive within {timeout_s:g} s ([coordinator] body_timeout_s); "
                                 "send it faster or raise the limit", headers=CLOSE) from None
 
 
-async def _read_body(request: Request, limit: int) -> bytearray:
+async def _read_body(request: Request, limit: int, spool: Spool | None = None) -> bytearray | SpooledBody:
     declared = request.headers.get("content-length")
+    size = None
     if declared is not None:
         try:
             size = int(declared)
@@ -173,23 +178,65 @@ async def _read_body(request: Request, limit: int) -> bytearray:
             raise RequestError(400, f"Content-Length {size} is negative", headers=CLOSE)
         if size > limit:
             raise RequestError(413, f"body of {size} bytes exceeds the limit of {limit} bytes", headers=CLOSE)
-        body = bytearray(size)
-        view, filled = memoryview(body), 0
+    sink = _MemoryBody(size) if spool is None else _SpooledSink(spool.body())
+    try:
+        received = 0
         async for chunk in request.stream():
-            end = filled + len(chunk)
-            if end > size:
+            received += len(chunk)
+            if size is not None and received > size:
                 raise RequestError(400, f"body is longer than its Content-Length {size}", headers=CLOSE)
-            view[filled:end] = chunk
-            filled = end
-        if filled != size:
-            raise RequestError(400, f"body ended after {filled} of {size} bytes (truncated upload?)")
-        return body
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"body exceeds the limit of {limit} bytes", headers=CLOSE)
-    return body
+            if received > limit:
+                raise RequestError(413, f"body exceeds the limit of {limit} bytes", headers=CLOSE)
+            await sink.put(chunk)
+        if size is not None and received != size:
+            raise RequestError(400, f"body ended after {received} of {size} bytes (truncated upload?)")
+        return await sink.done()
+    except BaseException:
+        sink.discard()
+        raise
+
+
+class _MemoryBody:
+    """A body read into memory: into one preallocated buffer when its size was declared."""
+
+    def __init__(self, size: int | None):
+        self.body = bytearray(size or 0)
+        self.view, self.filled, self.declared = memoryview(self.body), 0, size is not None
+
+    async def put(self, chunk: bytes) -> None:
+        if self.declared:
+            self.view[self.filled : self.filled + len(chunk)] = chunk
+            self.filled += len(chunk)
+        else:
+            self.body += chunk
+
+    async def done(self) -> bytearray:
+        return self.body
+
+    def discard(self) -> None:
+        pass
+
+
+class _SpooledSink:
+    """A body written to a spool file in SPOOL_WRITE pieces, each in a thread (the event loop never waits on the disk)."""
+
+    def __init__(self, body: SpooledBody):
+        self.body, self.pending = body, bytearray()
+
+    async def put(self, chunk: bytes) -> None:
+        self.pending += chunk
+        if len(self.pending) >= SPOOL_WRITE:
+            pending, self.pending = self.pending, bytearray()
+            await asyncio.to_thread(self.body.write, pending)
+
+    async def done(self) -> SpooledBody:
+        if self.pending:
+            await asyncio.to_thread(self.body.write, self.pending)
+            self.pending = bytearray()
+        return self.body
+
+    def discard(self) -> None:
+        self.body.close()
 
 
 async def _drain(request: Request, limit: int, timeout_s: float) -> bool:
@@ -350,9 +397,13 @@ def create_app(coordinator: Coordinator) -> FastAPI:
                 if not await _drain(request, limit, body_timeout):
                     error.extra["headers"] = CLOSE
                 raise
-            async with c.upload_slots:  # bounds the bodies held in memory at once
+            # upload_slots bound the bodies in memory at once. Spooled, every upload is received at
+            # once, each into its file, and only the decodes (each reads its body back) take a slot.
+            reading, decoding = ((c.upload_slots, contextlib.nullcontext()) if c.spool is None
+                                 else (contextlib.nullcontext(), c.upload_slots))
+            async with reading:
                 try:
-                    body = await read_body(request, limit, body_timeout)
+                    body = await read_body(request, limit, body_timeout, c.spool)
                 except RequestError as error:
                     c.reject(record, {413: "too_large", 408: "timeout"}.get(error.status, "invalid"))
                     raise
@@ -360,7 +411,12 @@ def create_app(coordinator: Coordinator) -> FastAPI:
                     c.reject(record, "aborted")
                     log.warning("upload from %s for round %d aborted by the client", record.id, round_number)
                     raise RequestError(400, "the upload was aborted before its body was complete") from None
-                return await c.submit_update(record, round_number, body)
+                try:
+                    async with decoding:
+                        return await c.submit_update(record, round_number, body)
+                finally:
+                    if isinstance(body, SpooledBody):
+                        body.close()
 
     @app.get("/v1/rounds/{round_number}/wait", response_model=RoundInfo, responses=responses(401, 422))
     async def wait(request: Request, round_number: int,

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,9 @@ import engine
 from coop.diloco import Aggregator, PreparedUpdate, global_norm, shapes_of
 from coop.replica import weights_of
 from coop.runconfig import RunConfig
+from coop.spool import Spool, SpooledBody
 from coop.streaming import fragment_of_round, fragments
-from coop.wire import pack, spec_of
+from coop.wire import Laid, lay_out, pack, spec_of
 from engine.nn import GPT
 
 from .data import RunData, prepare_data
@@ -74,6 +76,9 @@ class Coordinator:
             self.history = saved.history
             self.members = Members.from_json(saved.members, now) if saved.members else Members(config.data.shards)
             first_round = saved.round
+        self.specs = spec_of(self.weights)
+        self.laid = self._lay_out_weights(first_round)
+        self.weights = self._copy_into(self.laid.tensors, self.weights)  # views of the body GET /v1/weights serves
         self.shapes = shapes_of(self.weights)
         self.n_params = sum(a.size for a in self.weights.values())
         self.max_update_bytes = config.coordinator.max_update_bytes or default_update_limit(self.n_params, len(self.weights))
@@ -83,7 +88,9 @@ class Coordinator:
         self.parts = fragments(self.weights, config.outer.fragments)
         self.part_shapes = [{n: self.shapes[n] for n in part} for part in self.parts]
         self.part_specs = [spec_of({n: self.weights[n] for n in part}) for part in self.parts]
-        self.aggregators = [Aggregator(shapes, **c.aggregator_options()) for shapes in self.part_shapes]
+        # uploads are received into files, and the robust rules keep the round's updates there (coop.spool)
+        self.spool = Spool(self.state_dir / "spool") if c.spool_updates else None
+        self.aggregators = [Aggregator(shapes, **c.aggregator_options(), spool=self.spool) for shapes in self.part_shapes]
         k = config.compression  # the compressed downlink keeps the workers' view (V = G on a restart)
         self.downlink = Downlink(k.codec, k.options, self.weights, k.snapshot_every) if k.downlink == "codec" else None
         self.machine = RoundMachine(first_round, config.rounds.max_rounds, c.min_workers, c.quorum_fraction,
@@ -107,7 +114,7 @@ class Coordinator:
         else:
             log.info("resumed from %s at round %d (%d workers known)", self.state_dir, first_round,
                      len(self.members.workers))
-        self.weights_body = self._pack_weights()
+        self.weights_body = self._body_of(self.laid, self.machine.number)
         self.checkpointer = Checkpointer(self.state_dir)
         self.metrics.round.set(self.machine.number)
         # created on the event loop in start()
@@ -271,10 +278,27 @@ class Coordinator:
         return info
 
     # -- downloads ---------------------------------------------------------------------------------
-    def _pack_weights(self, round_number: int | None = None) -> bytes:
-        number = self.machine.number if round_number is None else round_number
-        weights = self.weights if self.downlink is None else self.downlink.view  # what the workers hold
-        return pack(weights, {"round": number, "model": asdict(self.model_config)})
+    # The global weights are views of the buffer GET /v1/weights serves (coop.wire.lay_out): one
+    # copy of the model for both. Each close computes the next round's weights into a new buffer,
+    # so a download still reading this round's body never sees them change.
+    def _weights_metadata(self, round_number: int) -> dict[str, Any]:
+        return {"round": round_number, "model": asdict(self.model_config)}
+
+    def _lay_out_weights(self, round_number: int) -> Laid:
+        return lay_out(self.specs, self._weights_metadata(round_number))
+
+    @staticmethod
+    def _copy_into(target: dict[str, np.ndarray], source: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name, array in target.items():
+            array[...] = source[name]
+        return target
+
+    def _body_of(self, laid: Laid, round_number: int) -> memoryview | bytes:
+        """What GET /v1/weights serves for the round: the weights' own buffer, or with the
+        compressed downlink the view the workers hold, packed."""
+        if self.downlink is None:
+            return laid.body
+        return pack(self.downlink.view, self._weights_metadata(round_number))
 
     def count_download(self, record: WorkerRecord | None, nbytes: int, what: str) -> None:
         if record is not None:
@@ -308,9 +332,12 @@ class Coordinator:
         self.totals["updates_rejected"] += 1
         self.metrics.updates.labels(reason).inc()
 
-    def decode_update(self, body: bytes | bytearray, round_number: int, gpus: int = 1) -> tuple[PreparedUpdate, dict]:
+    def decode_update(self, body: bytes | bytearray | SpooledBody, round_number: int,
+                      gpus: int = 1) -> tuple[PreparedUpdate, dict]:
         """In a thread, beside the other uploads: the checked update, ready for its aggregator. A
         worker of G GPUs (`--gpus`) may claim G x K x B x T tokens."""
+        if isinstance(body, SpooledBody):
+            body = body.read()  # back in memory for the decode only (upload_slots bound how many at once)
         f = fragment_of_round(round_number, len(self.parts))  # a stale round's is refused by its number anyway
         update, meta = check_update(body, round_number, shapes=self.part_shapes[f], spec=self.part_specs[f],
                                     codec=self.config.compression.codec, max_tokens=self.max_tokens * gpus,
@@ -320,8 +347,10 @@ class Coordinator:
         except ValueError as error:  # the aggregator's own checks
             raise RequestError(422, f"update refused: {error}") from None
 
-    async def submit_update(self, record: WorkerRecord, round_number: int, body: bytes | bytearray) -> dict[str, Any]:
-        nbytes = len(body)
+    async def submit_update(self, record: WorkerRecord, round_number: int,
+                            body: bytes | bytearray | SpooledBody) -> dict[str, Any]:
+        """Decode, check and count one upload (a body in memory, or spooled: read back in the decode's thread)."""
+        nbytes = body.size if isinstance(body, SpooledBody) else len(body)
         try:
             update, meta = await asyncio.to_thread(self.decode_update, body, round_number, record.gpus)
         except RequestError as error:
@@ -393,7 +422,7 @@ class Coordinator:
         # in between: GET /v1/weights (which does not take the lock) must never pair the new round
         # number with the old body (a worker that gets such a pair gives up: "weights do not match")
         t2 = self.clock()
-        body = await asyncio.to_thread(self._pack_weights, current.number + 1)
+        body = await asyncio.to_thread(self._body_of, self.laid, current.number + 1)
         self.machine.finish(self.clock())
         self.weights_body = body
         # what the workers wait for: the last checkpoint's write (if still going), the aggregation
@@ -429,7 +458,12 @@ class Coordinator:
         (state untouched) if the aggregate is unusable; the weights only change once outer.step has checked it."""
         pseudo_grad = self.aggregator.result()
         lr = self.outer.current_lr()
-        self.outer.step({n: self.weights[n] for n in self.parts[self.fragment]}, pseudo_grad)  # in place
+        part = self.parts[self.fragment]
+        laid = self._lay_out_weights(current.number + 1)  # the next round's body; this round's is still served
+        moved = laid.tensors
+        self.outer.step({n: self.weights[n] for n in part}, pseudo_grad, out={n: moved[n] for n in part})
+        self._copy_into({n: a for n, a in moved.items() if n not in part}, self.weights)  # other fragments
+        self.laid, self.weights = laid, moved
         if self.downlink is not None:
             self.downlink.after_step(self.weights, self.parts[self.fragment], current.number + 1)
         reports = list(current.reports.values())

@@ -411,3 +411,20 @@ def test_the_compressed_downlink_sends_the_change_and_keeps_workers_on_the_coord
         # an old or unknown `since` gets the full weights
         assert "X-Coop-Since" not in client.get("/v1/weights", params={"since": max(r - 1, 0) - 5},
                                                 headers=a).headers
+
+
+def test_the_weights_are_views_of_the_served_body_and_a_close_never_changes_a_served_body(make):
+    coordinator, client = make()
+    (_, a), (_, b) = join(client), join(client)
+    served = client.get("/v1/weights", headers=a).content
+    body = coordinator.weights_body
+    assert bytes(body) == served
+    k = next(iter(coordinator.weights))
+    assert np.shares_memory(coordinator.weights[k], np.frombuffer(body, np.uint8))  # one copy of the model
+    for auth, value in ((a, 0.01), (b, 0.03)):
+        assert client.put("/v1/rounds/0/update", content=update_body(coordinator, 0, value), headers=auth).status_code == 200
+    assert client.get("/v1/rounds/0/wait", params={"timeout_s": 5}, headers=a).json()["closed"]
+    assert bytes(body) == served  # a download still reading round 0's body gets round 0's weights
+    tensors, meta = unpack(client.get("/v1/weights", headers=a).content)
+    assert meta["round"] == 1 and np.array_equal(tensors[k], coordinator.weights[k])
+    assert not np.array_equal(tensors[k], unpack(served)[0][k])

@@ -342,3 +342,26 @@ def test_outer_optimizer_options_are_checked():
         NesterovSGD(momentum=0.0, nesterov=True)
     with pytest.raises(ValueError, match="lr"):
         NesterovSGD(lr=0.0)
+
+
+def test_the_outer_step_into_out_equals_the_step_in_place_and_leaves_the_weights():
+    rng = np.random.default_rng(0)
+    weights = {"w": rng.standard_normal((40, 30)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float32)}
+    grads = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in weights.items()} for _ in range(3)]
+    in_place, stepped = NesterovSGD(), NesterovSGD()
+    current = {k: v.copy() for k, v in weights.items()}
+    moved = {k: v.copy() for k, v in weights.items()}
+    for grad in grads:
+        in_place.step(moved, grad)
+        out = {k: np.empty_like(v) for k, v in current.items()}
+        before = {k: v.copy() for k, v in current.items()}
+        stepped.step(current, grad, out=out)
+        for k in weights:
+            np.testing.assert_array_equal(current[k], before[k])  # untouched
+        current = out
+    for k in weights:
+        np.testing.assert_array_equal(current[k], moved[k])
+    with pytest.raises(TypeError, match="output 'w' must be a writable float32"):
+        stepped.step(current, grads[0], out={"w": np.empty((40, 30), np.float64), "b": np.empty(7, np.float32)})
+    with pytest.raises(ValueError):
+        stepped.step(current, grads[0], out={"w": np.empty((40, 30), np.float32)})

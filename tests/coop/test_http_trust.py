@@ -157,7 +157,7 @@ def test_an_aborted_upload_is_counted_as_rejected_with_one_log_line(make, caplog
     coordinator, client = make()
     info, auth = join(client)
 
-    async def disconnected(request, limit):  # what starlette raises when the client goes away midway
+    async def disconnected(request, limit, spool=None):  # what starlette raises when the client goes away midway
         raise ClientDisconnect()
 
     monkeypatch.setattr(app_module, "_read_body", disconnected)

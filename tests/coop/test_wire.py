@@ -11,6 +11,7 @@ from coop.wire import (
     WireError,
     check_metadata,
     check_tensors,
+    lay_out,
     pack,
     spec_of,
     unpack,
@@ -200,3 +201,28 @@ def test_unpack_copy_false_gives_read_only_views_with_the_same_checks():
             unpack(bad, 10**9, copy=False)
     with pytest.raises(WireError, match="limit"):
         unpack(body, len(body) - 1, copy=False)
+
+
+def test_lay_out_is_the_safetensors_body_of_its_views():
+    import safetensors.numpy
+
+    specs = {"b": TensorSpec((3,), np.dtype(np.int8)), "a": TensorSpec((2, 5), np.dtype(np.float32)),
+             "s": TensorSpec((), np.dtype(np.float64)), "e": TensorSpec((0, 4), np.dtype(np.float32))}
+    laid = lay_out(specs, {"round": 7})
+    assert list(laid.tensors) == list(specs)  # in the caller's order, whatever the layout's
+    values = {"b": np.array([1, -2, 3], np.int8), "a": np.arange(10, dtype=np.float32).reshape(2, 5),
+              "s": np.float64(2.5), "e": np.zeros((0, 4), np.float32)}
+    for name, array in laid.tensors.items():
+        assert array.flags.writeable and array.shape == specs[name].shape and array.ctypes.data % array.itemsize == 0
+        array[...] = values[name]
+    tensors, meta = unpack(laid.body)
+    assert meta == {"round": 7}
+    for name, value in values.items():
+        np.testing.assert_array_equal(tensors[name], value)
+    loaded = safetensors.numpy.load(bytes(laid.body))  # the library reads it too
+    np.testing.assert_array_equal(loaded["a"], values["a"])
+    assert (8 + int.from_bytes(bytes(laid.body[:8]), "little")) % 8 == 0  # the data starts 8-aligned
+    with pytest.raises(TypeError, match="cannot go on the wire"):
+        lay_out({"x": TensorSpec((2,), np.dtype(np.complex64))})
+    with pytest.raises(ValueError, match="JSON-able"):
+        lay_out(specs, {"bad": float("nan")})

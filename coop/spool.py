@@ -1,0 +1,122 @@
+"""A round's updates kept on disk, so that the coordinator's memory is O(model) for any number of
+workers.
+
+The robust rules need every update of the round at its close (a coordinate-wise median looks at
+all N values of a coordinate at once): N x model bytes. Held in RAM, 8 workers of a 124M model
+take 4 GB and 100 workers take 50 GB. Spooled, each update is one flat float32 vector in an unnamed
+file of the spool directory; the close reads the N rows of one chunk of coordinates at a time
+(`read_into`, `os.preadv` straight into the chunk's stack, the same one copy `np.stack` makes), and
+the page cache keeps in RAM what fits there, at memory speed, without it counting against the
+process. A memory map would count: its pages are resident in the process once touched.
+
+The files are opened with O_TMPFILE (`tempfile.TemporaryFile`): they have no name, so a crash
+leaves nothing behind, and closing one (at the round's reset, or when a refused update is dropped)
+gives its space back.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+_WRITE_CHUNK = 16 << 20  # bytes per write(): a tensor converted to float32 is never copied whole
+
+
+class SpooledVector:
+    """One flat float32 vector in a file of its own. `size` elements; `read_into` fills a buffer
+    from any range; `load` reads it whole (for the rules that need whole vectors)."""
+
+    def __init__(self, file, size: int):
+        self._file = file
+        self.size = size
+        self.dtype = np.dtype(np.float32)
+
+    def read_into(self, start: int, out: np.ndarray) -> np.ndarray:
+        """out[:] = vector[start : start + out.size]; `out` is a contiguous float32 array."""
+        if not (out.dtype == np.float32 and out.flags.c_contiguous) or start < 0 or start + out.size > self.size:
+            raise ValueError(f"read of {out.size} float32 at {start} from a spooled vector of {self.size}")
+        view, offset = memoryview(out).cast("B"), 4 * start
+        while view.nbytes:
+            n = os.preadv(self._file.fileno(), [view], offset)
+            if n <= 0:
+                raise OSError(f"the spool file ended {view.nbytes} bytes early (was it truncated?)")
+            view, offset = view[n:], offset + n
+        return out
+
+    def __getitem__(self, item: slice) -> np.ndarray:
+        start, stop, step = item.indices(self.size)
+        if step != 1:
+            raise IndexError("a spooled vector is read in contiguous ranges only")
+        return self.read_into(start, np.empty(max(0, stop - start), dtype=np.float32))
+
+    def load(self) -> np.ndarray:
+        return self[:]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class SpooledBody:
+    """An upload's body, written to an unnamed file as it arrives (`write`), read back whole by
+    the thread that decodes it (`read`). A coordinator receives any number of uploads at once
+    this way, each costing a file, not its size in memory; only the decodes are bounded."""
+
+    def __init__(self, file):
+        self._file = file
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        self.size += view.nbytes
+        while view.nbytes:
+            view = view[os.write(self._file.fileno(), view):]
+
+    def read(self) -> bytearray:
+        body = bytearray(self.size)
+        view, offset = memoryview(body), 0
+        while offset < self.size:
+            n = os.preadv(self._file.fileno(), [view[offset:]], offset)
+            if n <= 0:
+                raise OSError(f"the spooled body ended after {offset} of {self.size} bytes")
+            offset += n
+        return body
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Spool:
+    """Where a coordinator spools the uploads it receives and the round's updates its robust
+    aggregators keep (`directory`, created if missing, 0700)."""
+
+    def __init__(self, directory: str | os.PathLike[str]):
+        self.directory = Path(directory)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def body(self) -> SpooledBody:
+        """A new, empty spooled body (see SpooledBody)."""
+        return SpooledBody(tempfile.TemporaryFile(dir=self.directory, prefix="upload-"))
+
+    def write(self, tensors: Iterable[np.ndarray]) -> SpooledVector:
+        """The tensors, in order, as one flat float32 vector on disk. Safe to call from several
+        threads at once (each vector is a file of its own). Raises OSError (disk full, ...) with
+        nothing left behind."""
+        file = tempfile.TemporaryFile(dir=self.directory, prefix="update-")
+        try:
+            size = 0
+            for tensor in tensors:
+                flat = np.asarray(tensor).reshape(-1)
+                step = _WRITE_CHUNK // 4
+                for start in range(0, flat.size, step):
+                    part = np.ascontiguousarray(flat[start : start + step], dtype=np.float32)
+                    view = memoryview(part).cast("B")
+                    while view.nbytes:
+                        view = view[os.write(file.fileno(), view):]
+                size += flat.size
+            return SpooledVector(file, size)
+        except BaseException:
+            file.close()
+            raise

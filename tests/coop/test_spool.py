@@ -1,0 +1,104 @@
+"""coop.spool: a round's updates on disk. Spooled, every robust rule gives bit for bit what it gives
+in memory; the files hold exactly the vectors, read back from any range; they leave nothing on disk
+once the round is reset; and a coordinator's memory no longer grows with its contributions."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from coop import robust
+from coop.diloco import RULES, Aggregator
+from coop.spool import Spool
+
+SHAPES = {"wte": (300, 64), "ln.w": (64,), "proj": (64, 97)}   # 25_472 coordinates: chunks of 4096 do not divide it
+
+
+def updates(n, seed=0):
+    rng = np.random.default_rng(seed)
+    common = {name: rng.standard_normal(shape) for name, shape in SHAPES.items()}  # what the replicas agree on
+    out = [{name: (c + rng.standard_normal(c.shape)).astype(np.float32) for name, c in common.items()} for _ in range(n)]
+    out[1] = {name: -3 * a for name, a in out[1].items()}  # one that points away: filtered_mean leaves it out
+    return out
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_every_rule_gives_the_same_bits_spooled_as_in_memory(tmp_path, rule, monkeypatch):
+    monkeypatch.setattr(robust, "CHUNK", 4096)  # several chunks, the last one short
+    results = []
+    for spool in (None, Spool(tmp_path / "spool")):
+        aggregator = Aggregator(SHAPES, rule=rule, spool=spool)
+        for i, update in enumerate(updates(6)):
+            aggregator.add(update, weight=1.0 + i)
+        results.append((aggregator.result(), aggregator.left_out, aggregator.clip_bound))
+    (in_memory, left_in_memory, bound_in_memory), (spooled, left_spooled, bound_spooled) = results
+    assert left_spooled == left_in_memory and bound_spooled == bound_in_memory
+    if rule == "filtered_mean":
+        assert left_spooled == [1]
+    for name in SHAPES:
+        np.testing.assert_array_equal(spooled[name], in_memory[name], err_msg=f"{rule}: {name}")
+
+
+def test_a_spooled_vector_holds_the_tensors_in_order_and_reads_any_range(tmp_path):
+    spool = Spool(tmp_path)
+    tensors = [np.arange(10, dtype=np.float32).reshape(2, 5), np.float64(7.5) * np.ones(3), np.array([], np.float32)]
+    vector = spool.write(tensors)
+    whole = np.concatenate([np.asarray(t, np.float32).reshape(-1) for t in tensors])
+    assert vector.size == 13
+    np.testing.assert_array_equal(vector.load(), whole)
+    np.testing.assert_array_equal(vector[3:11], whole[3:11])
+    out = np.empty(4, np.float32)
+    np.testing.assert_array_equal(vector.read_into(9, out), whole[9:13])
+    with pytest.raises(ValueError, match="read of 4 float32 at 10"):
+        vector.read_into(10, out)
+    with pytest.raises(ValueError):
+        vector.read_into(0, np.empty(4, np.float64))
+    with pytest.raises(IndexError):
+        vector[::2]
+
+
+def test_the_files_have_no_name_and_their_space_comes_back_at_the_reset(tmp_path):
+    spool_dir = tmp_path / "spool"
+    aggregator = Aggregator(SHAPES, rule="median", spool=Spool(spool_dir))
+    for update in updates(4):
+        aggregator.add(update)
+    assert os.listdir(spool_dir) == []  # unnamed (O_TMPFILE): a crash leaves nothing behind
+    fds = [values._file.fileno() for values, _ in aggregator._kept]
+    assert all(os.fstat(fd).st_size == 4 * 25_472 for fd in fds)
+    aggregator.result()
+    aggregator.reset()
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed: the space is free
+
+
+def test_a_write_that_fails_leaves_no_file_open(tmp_path, monkeypatch):
+    spool = Spool(tmp_path)
+    opened = []
+    real = os.write
+
+    def full_disk(fd, data):
+        opened.append(fd)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        spool.write([np.ones(10, np.float32)])
+    monkeypatch.setattr(os, "write", real)
+    with pytest.raises(OSError):
+        os.fstat(opened[0])
+
+
+def test_the_coordinator_spools_the_robust_rules_and_not_the_streamed_mean(tmp_path):
+    from coop.coordinator.service import Coordinator
+    from coop.runconfig import parse_run_config
+
+    raw = {"model": {"n_layer": 1, "n_head": 1, "n_embd": 8, "block_size": 8},
+           "data": {"default_chars": 20_000, "shards": 2}, "rounds": {"eval_every": 0}}
+    robust_default = Coordinator(parse_run_config(raw), tmp_path / "a")
+    assert robust_default.aggregator.spool.directory == tmp_path / "a" / "spool"
+    raw["coordinator"] = {"spool_updates": False}
+    assert Coordinator(parse_run_config(raw), tmp_path / "b").aggregator.spool is None
+    raw["coordinator"] = {"aggregation": "mean"}
+    assert Coordinator(parse_run_config(raw), tmp_path / "c").aggregator.spool is None
