@@ -47,7 +47,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_config(model: dict, codec: str, workers: int, rounds: int) -> dict:
+def run_config(model: dict, codec: str, workers: int, rounds: int, spool: bool = True,
+               in_ram_mb: float = 1024.0) -> dict:
     return {
         "model": model,
         "data": {"default_chars": 400_000, "shards": workers},
@@ -55,6 +56,7 @@ def run_config(model: dict, codec: str, workers: int, rounds: int) -> dict:
         "compression": {"codec": codec, "options": {"block_size": 256} if codec == "int8" else {}},
         "rounds": {"max_rounds": rounds, "min_workers": workers, "quorum_fraction": 1.0, "eval_every": 0,
                    "worker_timeout_s": 600, "heartbeat_s": 30, "max_deadline_s": 3600},
+        "coordinator": {"spool_updates": spool, "updates_in_ram_mb": in_ram_mb},
     }
 
 
@@ -65,10 +67,10 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def bench(model: dict, codec: str, workers: int, rounds: int) -> dict:
+def bench(model: dict, codec: str, workers: int, rounds: int, spool: bool = True, in_ram_mb: float = 1024.0) -> dict:
     with tempfile.TemporaryDirectory(prefix="coop-bench-") as tmp:
         config_path = Path(tmp) / "run.json"
-        config_path.write_text(json.dumps(run_config(model, codec, workers, rounds)))
+        config_path.write_text(json.dumps(run_config(model, codec, workers, rounds, spool, in_ram_mb)))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log = open(Path(tmp) / "coordinator.log", "wb")
@@ -114,6 +116,8 @@ def bench(model: dict, codec: str, workers: int, rounds: int) -> dict:
     return {
         "bench": "coordinator",
         "codec": codec,
+        "spool_updates": spool,
+        "updates_in_ram_mb": in_ram_mb if spool else None,
         "parameters": status["model"]["parameters"],
         "workers": workers,
         "rounds": len(history),
@@ -200,6 +204,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--codecs", nargs="+", default=["fp32", "int8"])
     parser.add_argument("--small", action="store_true", help="a tiny model instead of 124M parameters")
+    parser.add_argument("--in-ram", action="store_true",
+                        help="[coordinator] spool_updates = false: uploads and kept updates in memory")
+    parser.add_argument("--updates-in-ram-mb", type=float, default=1024.0,
+                        help="[coordinator] updates_in_ram_mb: the round's updates kept in RAM before the spool")
     parser.add_argument("--codec", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--_worker", help=argparse.SUPPRESS)
     parser.add_argument("--_seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -208,7 +216,8 @@ def main() -> None:
         bench_worker(args._worker, args._seed, args.codec)
         return
     for codec in args.codecs:
-        print(json.dumps(bench(TINY if args.small else GPT2_SMALL, codec, args.workers, args.rounds)), flush=True)
+        print(json.dumps(bench(TINY if args.small else GPT2_SMALL, codec, args.workers, args.rounds,
+                               spool=not args.in_ram, in_ram_mb=args.updates_in_ram_mb)), flush=True)
 
 
 if __name__ == "__main__":

@@ -86,11 +86,13 @@ def check_arrays(arrays: Mapping[str, np.ndarray], spec: Mapping[str, TensorSpec
 
 
 def decode_pseudo_gradient(arrays: Mapping[str, np.ndarray], codec_metadata: Mapping[str, Any],
-                           spec: Mapping[str, TensorSpec], *, what: str = "pseudo-gradient") -> dict[str, np.ndarray]:
+                           spec: Mapping[str, TensorSpec], *, what: str = "pseudo-gradient",
+                           copy: bool = True) -> dict[str, np.ndarray]:
     """The codec's arrays -> the checked float32 pseudo-gradient (the codec refuses, before
-    allocating, shapes other than the model's)."""
+    allocating, shapes other than the model's). `copy=False`: fp32 arrays come back as they are."""
     try:
-        update = decode(dict(arrays), dict(codec_metadata), expected_shapes={n: s.shape for n, s in spec.items()})
+        update = decode(dict(arrays), dict(codec_metadata), expected_shapes={n: s.shape for n, s in spec.items()},
+                        copy=copy)
     except WireError as error:
         raise ContributionError(str(error)) from None
     check_arrays(update, spec, what=what)

@@ -13,6 +13,7 @@ Nothing here knows about HTTP, codecs or the engine.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -129,9 +130,9 @@ class Aggregator:
 
     Memory: `"mean"` keeps one float32 (or `dtype`) running sum per tensor, O(model), so the HTTP
     coordinator can aggregate any number of workers. **The robust rules keep every contribution**:
-    N float32 copies of the model, in RAM, or with a `spool` (coop.spool) on disk, where the
-    process's memory stays O(model) (the close reads the N rows of one chunk of coordinates at a
-    time); `result()` adds the (size,) result and per thread one (N, chunk) stack (CenteredClip
+    N float32 copies of the model, in RAM, or with a `spool` (coop.spool) the first `in_ram_bytes`
+    of them in RAM and the rest on disk, where the process's memory stays O(model) (the close reads
+    the N rows of one chunk of coordinates at a time); `result()` adds the (size,) result and per thread one (N, chunk) stack (CenteredClip
     loads the spooled contributions whole and makes three float64 copies of the model). `add`
     validates the whole update before touching any state: a refused update
     leaves the aggregator as it was.
@@ -140,7 +141,7 @@ class Aggregator:
     def __init__(self, shapes: Shapes, *, rule: str = DEFAULT_RULE, trim_fraction: float = DEFAULT_TRIM_FRACTION,
                  clip_factor: float | None = DEFAULT_CLIP_FACTOR, max_norm: float | None = None,
                  min_contributions: int = DEFAULT_MIN_CONTRIBUTIONS, dtype: Any = np.float32,
-                 spool: Spool | None = None):
+                 spool: Spool | None = None, in_ram_bytes: int = 0):
         if rule not in RULES:
             raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
         if max_norm is not None and not (math.isfinite(max_norm) and max_norm > 0):
@@ -159,6 +160,8 @@ class Aggregator:
         self.min_contributions = min_contributions
         self.dtype = np.dtype(dtype)
         self.spool = None if self.streaming else spool  # the robust rules' contributions on disk (coop.spool)
+        self.in_ram_bytes = in_ram_bytes  # with a spool: this much of a round's contributions stays in RAM
+        self._lock = threading.Lock()  # the RAM budget's count: prepare runs in several threads at once
         self.reference_norm: float | None = None  # "mean": the median norm of the last full round
         self.reset()
 
@@ -180,6 +183,7 @@ class Aggregator:
         self.clip_bound: float | None = None  # the bound the last result() (or add, streamed) applied
         self._sum: dict[str, np.ndarray] | None = None  # name -> sum of weight * update (streaming mode)
         self._kept: list[tuple[Flat, float]] = []  # (update as one flat float32 vector, weight) (robust rules)
+        self._ram_used = 0  # bytes of the kept contributions in RAM (the rest is spooled)
         self.left_out: list[int] = []  # filtered_mean: indices (in order of add) left out by the last result()
 
     def add(self, update: Weights, weight: float = 1.0) -> float:
@@ -242,22 +246,36 @@ class Aggregator:
                     np.multiply(part, weight, out=part)
                 np.add(target[start:stop], part, out=target[start:stop])
 
-    def result(self) -> dict[str, np.ndarray]:
-        """The aggregated pseudo-gradient (float32 arrays). Raises ValueError if nothing was added."""
+    def result(self, out: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The aggregated pseudo-gradient (float32 arrays). With `out`, a flat float32 array of
+        all the tensors in order, it is computed there and the arrays returned are views of it
+        (the coordinator passes the next round's weights buffer, which the outer step then
+        overwrites in place: no separate copy of the model). Raises ValueError if nothing was added."""
         if self.count == 0:
             raise ValueError("no contributions were added this round; nothing to aggregate (skip the outer step)")
+        size = sum(math.prod(shape) for shape in self.shapes.values())
+        if out is not None and not (out.dtype == np.float32 and out.shape == (size,) and out.flags.writeable):
+            raise ValueError(f"out must be a writable flat float32 array of {size} elements, got {out.dtype} {out.shape}")
         if self.streaming:
             assert self._sum is not None
-            return {name: np.asarray(total / self.total_weight, dtype=np.float32) for name, total in self._sum.items()}
-        return self._robust_result()
+            views = self._unflatten(np.empty(size, np.float32) if out is None else out)
+            for name, total in self._sum.items():
+                np.divide(total, self.total_weight, out=views[name], casting="same_kind")
+            return views
+        return self._robust_result(out)
 
     def _flatten(self, update: Weights) -> Flat:
         """The update's tensors, in the model's order, as one float32 vector (one copy: the caller's
         arrays may be views into a request body), in memory or in the spool. The coordinate-wise
         rules then run over chunks of it in parallel threads, whatever the tensors' sizes."""
+        size = sum(math.prod(shape) for shape in self.shapes.values())
         if self.spool is not None:
-            return self.spool.write(np.asarray(update[name]) for name in self.shapes)
-        flat = np.empty(sum(math.prod(shape) for shape in self.shapes.values()), dtype=np.float32)
+            with self._lock:
+                in_ram = self._ram_used + 4 * size <= self.in_ram_bytes
+                self._ram_used += 4 * size if in_ram else 0
+            if not in_ram:
+                return self.spool.write(np.asarray(update[name]) for name in self.shapes)
+        flat = np.empty(size, dtype=np.float32)
         offset = 0
         for name, shape in self.shapes.items():
             size = math.prod(shape)
@@ -274,7 +292,7 @@ class Aggregator:
             offset += size
         return out
 
-    def _robust_result(self) -> dict[str, np.ndarray]:
+    def _robust_result(self, out: np.ndarray | None) -> dict[str, np.ndarray]:
         n = len(self._kept)
         robust = n >= self.min_contributions
         bound = self._bound(float(np.median(self.norms))) if robust else self.max_norm
@@ -287,9 +305,12 @@ class Aggregator:
             start = robust_ops.over_chunks(lambda stack: robust_ops.weighted_median(stack, weights),
                                            [u for u, _ in self._kept], scales)
             centre = robust_ops.centered_clip(clipped, weights, self._unflatten(start))
-            return {name: centre[name].astype(np.float32).reshape(shape) for name, shape in self.shapes.items()}
+            views = self._unflatten(np.empty(start.size, np.float32) if out is None else out)
+            for name, view in views.items():
+                view[...] = centre[name]
+            return views
         if robust and self.rule == "filtered_mean":
-            return self._unflatten(self._filtered_mean(scales, weights))
+            return self._unflatten(self._filtered_mean(scales, weights, out))
         cut = int(math.floor(self.trim_fraction * n))
         if not robust:
             rule = lambda stack: robust_ops.weighted_mean(stack, weights)  # noqa: E731
@@ -297,9 +318,9 @@ class Aggregator:
             rule = lambda stack: robust_ops.weighted_median(stack, weights)  # noqa: E731
         else:
             rule = lambda stack: robust_ops.trimmed_mean(stack, weights, cut)  # noqa: E731
-        return self._unflatten(robust_ops.over_chunks(rule, [u for u, _ in self._kept], scales))
+        return self._unflatten(robust_ops.over_chunks(rule, [u for u, _ in self._kept], scales, out=out))
 
-    def _filtered_mean(self, scales: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    def _filtered_mean(self, scales: np.ndarray, weights: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         """The cosine of each clipped contribution to the coordinate-wise median, then the weighted
         mean of those that agree (coop.robust.agreeing). The median is the unweighted one: a member
         that claims many tokens cannot pull the reference its way (its weight counts only in the
@@ -321,7 +342,7 @@ class Aggregator:
         kept = robust_ops.agreeing(cosines, AGREEMENT_FRACTION)
         self.left_out = sorted(set(range(n)) - set(kept.tolist()))
         coefficients = scales[kept].astype(np.float64) * weights[kept] / weights[kept].sum()
-        return robust_ops.weighted_sum([flats[i] for i in kept], coefficients)
+        return robust_ops.weighted_sum([flats[i] for i in kept], coefficients, out=out)
 
 
 def aggregate(

@@ -40,11 +40,11 @@ def rows(flats: Sequence[Flat], start: int, stop: int) -> np.ndarray:
 
 
 def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[Flat], scales: np.ndarray,
-                reduce: bool = False) -> np.ndarray:
+                reduce: bool = False, out: np.ndarray | None = None) -> np.ndarray:
     """Apply a coordinate-wise `rule` ((N, chunk) float32 stack -> (chunk,)) to N flat contributions,
     each scaled by its `scales` entry (norm clipping), one chunk of coordinates at a time on every
-    core. Returns the (size,) float32 result; with `reduce`, the rule returns a fixed-size vector
-    per chunk (partial sums) and their sum (float64) is returned instead."""
+    core. Returns the (size,) float32 result (in `out` if given); with `reduce`, the rule returns a
+    fixed-size vector per chunk (partial sums) and their sum (float64) is returned instead."""
     size = flats[0].size
 
     def one(start: int) -> np.ndarray:
@@ -53,22 +53,26 @@ def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[Flat],
             stack *= scales[:, None]
         return rule(stack)
 
-    starts = range(0, size, CHUNK)
-    parts = parallel_map(one, starts, size * len(flats))
     if reduce:
+        parts = parallel_map(one, range(0, size, CHUNK), size * len(flats))
         return np.sum([np.asarray(p, dtype=np.float64) for p in parts], axis=0)
-    out = np.empty(size, dtype=np.float32)
-    for start, part in zip(starts, parts):
+    out = np.empty(size, dtype=np.float32) if out is None else out
+
+    def into_out(start: int) -> None:  # each chunk's result where it belongs, as soon as it is made
+        part = one(start)
         out[start : start + part.size] = part
+
+    parallel_map(into_out, range(0, size, CHUNK), size * len(flats))
     return out
 
 
-def weighted_sum(flats: Sequence[Flat], coefficients: np.ndarray) -> np.ndarray:
-    """sum_i c_i x_i over N flat float32 vectors, one chunk of coordinates at a time on every core
-    (no (N, size) stack is made). Accumulated in float64 and rounded once, so the order of the
-    contributions does not change the float32 result (a gossip group and the star merge agree)."""
+def weighted_sum(flats: Sequence[Flat], coefficients: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """sum_i c_i x_i over N flat float32 vectors (into `out` if given), one chunk of coordinates at
+    a time on every core (no (N, size) stack is made). Accumulated in float64 and rounded once, so
+    the order of the contributions does not change the float32 result (a gossip group and the star
+    merge agree)."""
     size = flats[0].size
-    out = np.empty(size, dtype=np.float32)
+    out = np.empty(size, dtype=np.float32) if out is None else out
     coefficients = np.asarray(coefficients, dtype=np.float64)
 
     def one(start: int) -> None:

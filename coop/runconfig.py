@@ -186,9 +186,11 @@ class CoordinatorSection(Section):
     max_norm: float | None = Field(None, gt=0.0)  # clip each contribution's global L2 norm to this, too
     min_contributions: int = Field(DEFAULT_MIN_CONTRIBUTIONS, ge=1)  # fewer: the plain weighted mean
     # uploads are received into files of state_dir/spool, all at once, and the robust rules keep
-    # the round's updates there: memory O(model) (the page cache holds what fits in RAM). false:
-    # in RAM, workers x model bytes, and only concurrent_uploads bodies read at once
+    # the round's updates past the first updates_in_ram_mb there: memory O(model) (the page cache
+    # holds what fits in RAM). false: all in RAM, workers x model bytes, and only
+    # concurrent_uploads bodies read at once
     spool_updates: bool = True
+    updates_in_ram_mb: float = Field(1024.0, ge=0.0)
     # limits on what the network may send
     max_update_bytes: int | None = Field(None, ge=1024)  # None: the fp32 size of the model plus headers
     max_json_bytes: int = Field(65536, ge=1024)
@@ -466,6 +468,7 @@ clip_factor = 2.0     # first clip each update to 2x the round's median norm (0:
 min_contributions = 3 # rounds with fewer updates take the plain weighted mean
 # max_norm = 10.0     # also clip each worker's update to this global L2 norm
 spool_updates = true   # uploads and the robust rules' updates in files of state_dir/spool: memory O(model)
+updates_in_ram_mb = 1024  # (the first 1 GB of a round's updates stays in RAM: small models never touch the disk)
 max_workers = 1024     # worker records at most (records of workers gone for worker_timeout_s are pruned)
 concurrent_uploads = 2 # update bodies in memory at once, being decoded (one upload per worker at a time)
 body_timeout_s = 600   # to send one request body, then 408

@@ -98,15 +98,32 @@ class Laid:
     body: memoryview
     tensors: dict[str, np.ndarray]
 
+    def flat(self, names: list[str]) -> np.ndarray | None:
+        """The tensors `names` as one flat array (a view), if they lie back to back in this order
+        and share a dtype; else None."""
+        arrays = [self.tensors[name] for name in names]
+        if not arrays or any(a.dtype != arrays[0].dtype for a in arrays):
+            return None
+        start = arrays[0].ctypes.data
+        position = start
+        for array in arrays:
+            if array.ctypes.data != position:
+                return None
+            position += array.nbytes
+        data = np.frombuffer(self.body, dtype=np.uint8)
+        offset = start - data.ctypes.data
+        return data[offset : offset + position - start].view(arrays[0].dtype)
+
 
 def lay_out(specs: Mapping[str, TensorSpec], metadata: Mapping[str, Any] | None = None) -> Laid:
     """The safetensors layout of `pack(tensors, metadata)` for tensors of these specs, in one
     buffer, the header written and the data uninitialised. Tensors are placed by decreasing
-    itemsize then name, so every view is aligned; the header is padded to 8 bytes as safetensors
-    pads it. `unpack` and the safetensors library both read the body."""
+    itemsize, so every view is aligned, and in the given order among equal itemsizes (a model's
+    float32 tensors are one flat vector in its order: `Laid.flat`); the header is padded to 8
+    bytes as safetensors pads it. `unpack` and the safetensors library both read the body."""
     tags = {dtype: tag for tag, dtype in _DTYPE_OF_TAG.items()}
     header: dict[str, Any] = {"__metadata__": {METADATA_KEY: _metadata_json(metadata)}}
-    order = sorted(specs, key=lambda name: (-np.dtype(specs[name].dtype).itemsize, name))
+    order = sorted(specs, key=lambda name: -np.dtype(specs[name].dtype).itemsize)  # stable: the given order
     offset = 0
     for name in order:
         spec = specs[name]

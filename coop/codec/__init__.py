@@ -61,10 +61,11 @@ def get_codec(name: str, **options: Any) -> Codec:
 
 
 def decode(
-    tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any], expected_shapes: Shapes | None = None
+    tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any], expected_shapes: Shapes | None = None,
+    *, copy: bool = True,
 ) -> dict[str, np.ndarray]:
     """Decode whatever `Codec.encode` produced, using only the metadata that came with it.
-    Malformed metadata or arrays raise WireError."""
+    Malformed metadata or arrays raise WireError. `copy`: see `Codec.decode`."""
     name, options = metadata.get("codec"), metadata.get("options", {})
     if not isinstance(name, str) or name not in CODECS:
         raise WireError(f"metadata 'codec' must be one of {sorted(CODECS)}, got {name!r:.50}")
@@ -74,7 +75,7 @@ def decode(
         codec = get_codec(name, **options)
     except ValueError as error:  # bad options from the network are a bad request
         raise WireError(str(error)) from error
-    return codec.decode(tensors, metadata, expected_shapes)
+    return codec.decode(tensors, metadata, expected_shapes, copy=copy)
 
 
 __all__ = ["Codec", "Encoded", "ErrorFeedback", "Shapes", "CODECS", "get_codec", "decode", "FP32Codec", "FP16Codec",

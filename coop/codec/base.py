@@ -65,17 +65,21 @@ class Codec:
         return Encoded(tensors, {"codec": self.name, "options": self.options(), "shapes": shapes})
 
     def decode(
-        self, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any], expected_shapes: Shapes | None = None
+        self, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any], expected_shapes: Shapes | None = None,
+        *, copy: bool = True,
     ) -> dict[str, np.ndarray]:
         """Decode back to float32 arrays of the recorded shapes. Pass `expected_shapes` (the
         model's) for anything that came over the network: a mismatch raises WireError before
-        any allocation, so a hostile metadata cannot make us allocate a huge array."""
+        any allocation, so a hostile metadata cannot make us allocate a huge array. `copy=False`
+        lets a lossless codec return the given arrays themselves (fp32: no copy of the model for
+        a receiver that only reads the update, as the coordinator does)."""
         shapes = _recorded_shapes(metadata, expected_shapes)
         expected_keys = {name + suffix for name in shapes for suffix in self.suffixes}
         if set(tensors) != expected_keys:
             missing, extra = sorted(expected_keys - set(tensors)), sorted(set(tensors) - expected_keys)
             raise WireError(f"{self.name} update: arrays missing {missing[:8]}, unexpected {extra[:8]}")
-        decoded = parallel_map(lambda item: self._decode_one(item[0], item[1], [tensors[item[0] + s] for s in self.suffixes]),
+        one = self._decode_one if copy else self._decode_one_view
+        decoded = parallel_map(lambda item: one(item[0], item[1], [tensors[item[0] + s] for s in self.suffixes]),
                                shapes.items(), sum(math.prod(shape) for shape in shapes.values()))
         return dict(zip(shapes, decoded))
 
@@ -89,6 +93,10 @@ class Codec:
 
     def _decode_one(self, name: str, shape: tuple[int, ...], parts: list[np.ndarray]) -> np.ndarray:
         raise NotImplementedError
+
+    def _decode_one_view(self, name: str, shape: tuple[int, ...], parts: list[np.ndarray]) -> np.ndarray:
+        """`_decode_one`, allowed to return (a view of) its input: what `decode(copy=False)` calls."""
+        return self._decode_one(name, shape, parts)
 
     def _nbytes_one(self, n: int) -> int:
         raise NotImplementedError

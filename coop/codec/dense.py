@@ -22,6 +22,10 @@ class FP32Codec(Codec):
         _expect(name, parts[0], np.float32, shape)
         return parts[0].astype(np.float32, copy=True)
 
+    def _decode_one_view(self, name, shape, parts):
+        _expect(name, parts[0], np.float32, shape)
+        return np.asarray(parts[0], dtype=np.float32)  # the received array itself (native byte order)
+
     def _nbytes_one(self, n):
         return 4 * n
 

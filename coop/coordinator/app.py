@@ -47,7 +47,7 @@ from .evaluation import EvalReport
 from .members import WorkerRecord, retry_after_header
 from .model_download import ModelDownload
 from .page import render_page
-from .service import Coordinator
+from .service import Coordinator, spool_full
 from .updates import RequestError
 
 log = logging.getLogger("coop.coordinator")
@@ -226,14 +226,19 @@ class _SpooledSink:
     async def put(self, chunk: bytes) -> None:
         self.pending += chunk
         if len(self.pending) >= SPOOL_WRITE:
-            pending, self.pending = self.pending, bytearray()
-            await asyncio.to_thread(self.body.write, pending)
+            await self._flush()
 
     async def done(self) -> SpooledBody:
         if self.pending:
-            await asyncio.to_thread(self.body.write, self.pending)
-            self.pending = bytearray()
+            await self._flush()
         return self.body
+
+    async def _flush(self) -> None:
+        pending, self.pending = self.pending, bytearray()
+        try:
+            await asyncio.to_thread(self.body.write, pending)
+        except OSError as error:  # disk full: a 503 the worker retries, not a 500
+            raise spool_full(error) from None
 
     def discard(self) -> None:
         self.body.close()

@@ -90,7 +90,8 @@ class Coordinator:
         self.part_specs = [spec_of({n: self.weights[n] for n in part}) for part in self.parts]
         # uploads are received into files, and the robust rules keep the round's updates there (coop.spool)
         self.spool = Spool(self.state_dir / "spool") if c.spool_updates else None
-        self.aggregators = [Aggregator(shapes, **c.aggregator_options(), spool=self.spool) for shapes in self.part_shapes]
+        self.aggregators = [Aggregator(shapes, **c.aggregator_options(), spool=self.spool,
+                                       in_ram_bytes=int(c.updates_in_ram_mb * 1e6)) for shapes in self.part_shapes]
         k = config.compression  # the compressed downlink keeps the workers' view (V = G on a restart)
         self.downlink = Downlink(k.codec, k.options, self.weights, k.snapshot_every) if k.downlink == "codec" else None
         self.machine = RoundMachine(first_round, config.rounds.max_rounds, c.min_workers, c.quorum_fraction,
@@ -357,6 +358,9 @@ class Coordinator:
             self.reject(record, "invalid")
             log.warning("update from %s for round %d refused (%d): %s", record.id, round_number, error.status, error.message)
             raise
+        except OSError as error:  # the spool's disk (full, gone): the update is not lost on the worker's side
+            self.reject(record, "unstored")
+            raise spool_full(error) from None
         del body
         async with self._lock:
             self.precheck_update(record, round_number)  # the round may have closed while we decoded
@@ -456,11 +460,15 @@ class Coordinator:
         """In a thread: outer step and history (no evaluation: the workers report it; the checkpoint
         is written once the next round is open, coop.coordinator.persist). Raises
         (state untouched) if the aggregate is unusable; the weights only change once outer.step has checked it."""
-        pseudo_grad = self.aggregator.result()
-        lr = self.outer.current_lr()
         part = self.parts[self.fragment]
         laid = self._lay_out_weights(current.number + 1)  # the next round's body; this round's is still served
         moved = laid.tensors
+        # the aggregate is computed into the new buffer (when the round's tensors lie in it back to
+        # back: the whole model) and the outer step overwrites it there with the new weights, chunk
+        # by chunk: one new copy of the model per close, not two
+        pseudo_grad = self.aggregator.result(out=laid.flat(part))
+        pseudo_grad_norm = global_norm(pseudo_grad)  # before the step overwrites it
+        lr = self.outer.current_lr()
         self.outer.step({n: self.weights[n] for n in part}, pseudo_grad, out={n: moved[n] for n in part})
         self._copy_into({n: a for n, a in moved.items() if n not in part}, self.weights)  # other fragments
         self.laid, self.weights = laid, moved
@@ -478,7 +486,7 @@ class Coordinator:
             "workers": sorted(r.worker_id for r in reports),
             "tokens": sum(r.tokens for r in reports),
             "train_loss": sum(loss * t for loss, t in losses) / sum(t for _, t in losses) if losses else None,
-            "pseudo_grad_norm": global_norm(pseudo_grad),
+            "pseudo_grad_norm": pseudo_grad_norm,
             "update_norm_mean": float(np.mean(self.aggregator.norms)),
             "outer_lr": lr,
             "bytes_in": self._round_bytes_in,
@@ -513,6 +521,13 @@ class Coordinator:
     # -- status ----------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         return status_of(self)
+
+
+def spool_full(error: OSError) -> RequestError:
+    log.error("could not spool an upload (%s); free disk space in the state directory's spool/, "
+              "or set [coordinator] spool_updates = false", error)
+    return RequestError(503, f"the coordinator could not store this update ({error.strerror or error}); "
+                             "send it again later", headers={"Retry-After": "10"})
 
 
 def _fmt(value: float | None) -> str:

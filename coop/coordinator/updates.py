@@ -44,7 +44,7 @@ def check_update(body: bytes | bytearray, round_number: int, *, shapes: Mapping[
     try:
         check_tokens(meta["tokens"], max_tokens)
         check_loss(meta.get("loss"))
-        update = decode_pseudo_gradient(tensors, meta, spec, what="update")
+        update = decode_pseudo_gradient(tensors, meta, spec, what="update", copy=False)  # fp32: views of body
     except ContributionError as error:
         raise RequestError(422, str(error)) from None
     del tensors

@@ -356,3 +356,17 @@ def test_low_bit_decode_refuses_malformed_encodings(codec, options, mutate, mess
     mutate(tensors, metadata)
     with pytest.raises(WireError, match=message):
         decode(tensors, metadata, expected_shapes={"x": (11,)})
+
+
+@pytest.mark.parametrize("name", ["fp32", "int8", "bf16"])
+def test_decode_without_copy_gives_the_same_values_and_fp32_the_received_arrays(name):
+    rng = np.random.default_rng(0)
+    update = {"w": rng.standard_normal((6, 70)).astype(np.float32), "b": rng.standard_normal(9).astype(np.float32)}
+    encoded = get_codec(name).encode(update)
+    tensors, meta = unpack(pack(encoded.tensors, encoded.metadata), copy=False)
+    copied = decode(tensors, meta)
+    viewed = decode(tensors, meta, copy=False)
+    for key in update:
+        np.testing.assert_array_equal(viewed[key], copied[key])
+        assert not any(np.shares_memory(copied[key], t) for t in tensors.values())
+        assert any(np.shares_memory(viewed[key], t) for t in tensors.values()) == (name == "fp32")

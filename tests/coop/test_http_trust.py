@@ -169,3 +169,23 @@ def test_an_aborted_upload_is_counted_as_rejected_with_one_log_line(make, caplog
     lines = [r for r in caplog.records if "aborted" in r.getMessage()]
     assert len(lines) == 1 and lines[0].exc_info is None
     assert info["worker_id"] not in coordinator.uploading  # the worker may upload again
+
+
+# -- a full spool disk ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("where", ["receiving", "keeping"])
+def test_a_full_spool_disk_is_a_503_to_retry_and_changes_nothing(make, monkeypatch, where):
+    from coop.spool import Spool, SpooledBody
+
+    coordinator, client = make()
+    _, auth = join(client)
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(SpooledBody if where == "receiving" else Spool, "write", full)
+    response = client.put("/v1/rounds/0/update", content=update_body(coordinator, 0), headers=auth)
+    assert response.status_code == 503 and "No space left on device" in response.json()["detail"]
+    assert response.headers["Retry-After"] == "10"  # the worker's client retries a 503
+    assert coordinator.machine.round.reports == {} and coordinator.aggregator.count == 0
+    monkeypatch.undo()
+    assert client.put("/v1/rounds/0/update", content=update_body(coordinator, 0), headers=auth).status_code == 200

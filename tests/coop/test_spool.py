@@ -102,3 +102,72 @@ def test_the_coordinator_spools_the_robust_rules_and_not_the_streamed_mean(tmp_p
     assert Coordinator(parse_run_config(raw), tmp_path / "b").aggregator.spool is None
     raw["coordinator"] = {"aggregation": "mean"}
     assert Coordinator(parse_run_config(raw), tmp_path / "c").aggregator.spool is None
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("spooled", [False, True])
+def test_every_rule_computes_into_a_given_buffer_what_it_returns_otherwise(tmp_path, rule, spooled):
+    aggregator = Aggregator(SHAPES, rule=rule, spool=Spool(tmp_path) if spooled else None)
+    for i, update in enumerate(updates(5, seed=1)):
+        aggregator.add(update, weight=2.0 + i)
+    expected = aggregator.result()
+    out = np.full(25_472, np.nan, np.float32)
+    into = aggregator.result(out=out)
+    for name in SHAPES:
+        np.testing.assert_array_equal(into[name], expected[name])
+        assert np.shares_memory(into[name], out)
+    assert np.isfinite(out).all()  # every coordinate written
+    with pytest.raises(ValueError, match="writable flat float32 array of 25472"):
+        aggregator.result(out=np.empty(25_472, np.float64))
+
+
+def test_the_first_in_ram_bytes_of_a_round_stay_in_ram_and_the_rest_is_spooled(tmp_path):
+    from coop.spool import SpooledVector
+
+    one = 4 * 25_472
+    aggregator = Aggregator(SHAPES, rule="filtered_mean", spool=Spool(tmp_path), in_ram_bytes=2 * one)
+    reference = Aggregator(SHAPES, rule="filtered_mean")
+    for round_number in range(2):  # the budget is the round's: the reset gives it back
+        for i, update in enumerate(updates(5, seed=round_number)):
+            aggregator.add(update, weight=1.0 + i)
+            reference.add(update, weight=1.0 + i)
+        kinds = [isinstance(values, SpooledVector) for values, _ in aggregator._kept]
+        assert kinds == [False, False, True, True, True]
+        for name, value in aggregator.result().items():
+            np.testing.assert_array_equal(value, reference.result()[name])
+        aggregator.reset()
+        reference.reset()
+
+
+def test_a_coordinator_round_with_every_update_spooled_equals_the_round_in_ram(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from coop.coordinator.app import create_app
+    from coop.coordinator.service import Coordinator
+    from coop.runconfig import parse_run_config
+    from coop.wire import pack
+
+    weights = []
+    for where, options in (("ram", {"spool_updates": False}), ("disk", {"updates_in_ram_mb": 0})):
+        raw = {"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16},
+               "data": {"default_chars": 60_000, "shards": 4}, "rounds": {"eval_every": 0},
+               "coordinator": {"min_workers": 4, "quorum_fraction": 1.0, **options}}
+        coordinator = Coordinator(parse_run_config(raw), tmp_path / where, "tok")
+        assert (coordinator.spool is None) == (where == "ram") and coordinator.aggregator.in_ram_bytes == (
+            0 if where == "disk" else 1024 * 10**6)
+        with TestClient(create_app(coordinator)) as client:
+            rng = np.random.default_rng(0)
+            common = {k: rng.standard_normal(v.shape) * 1e-2 for k, v in coordinator.weights.items()}
+            for i in range(4):
+                info = client.post("/v1/join", json={"name": f"w{i}"}, headers={"Authorization": "Bearer tok"}).json()
+                update = {k: (c + 1e-3 * rng.standard_normal(c.shape)).astype(np.float32) for k, c in common.items()}
+                body = pack(update, {"codec": "fp32", "options": {}, "shapes": {k: list(v.shape) for k, v in update.items()},
+                                     "round": 0, "tokens": 64})
+                response = client.put("/v1/rounds/0/update", content=body,
+                                      headers={"Authorization": f"Bearer {info['worker_token']}"})
+                assert response.status_code == 200, response.text
+            assert client.get("/v1/rounds/0/wait", params={"timeout_s": 10},
+                              headers={"Authorization": f"Bearer {info['worker_token']}"}).json()["closed"]
+            weights.append({k: v.copy() for k, v in coordinator.weights.items()})
+    for name in weights[0]:
+        np.testing.assert_array_equal(weights[1][name], weights[0][name])

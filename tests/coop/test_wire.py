@@ -226,3 +226,15 @@ def test_lay_out_is_the_safetensors_body_of_its_views():
         lay_out({"x": TensorSpec((2,), np.dtype(np.complex64))})
     with pytest.raises(ValueError, match="JSON-able"):
         lay_out(specs, {"bad": float("nan")})
+
+
+def test_laid_out_tensors_of_one_dtype_are_one_flat_vector_in_their_order():
+    specs = {"z": TensorSpec((2, 3), np.dtype(np.float32)), "a": TensorSpec((4,), np.dtype(np.float32)),
+             "i": TensorSpec((5,), np.dtype(np.int8))}
+    laid = lay_out(specs)
+    flat = laid.flat(["z", "a"])
+    flat[:] = np.arange(10)
+    np.testing.assert_array_equal(laid.tensors["z"], np.arange(6).reshape(2, 3))
+    np.testing.assert_array_equal(laid.tensors["a"], np.arange(6, 10))
+    assert laid.flat(["a", "z"]) is None and laid.flat(["z", "i"]) is None and laid.flat(["z"]).size == 6
+    np.testing.assert_array_equal(unpack(laid.body)[0]["a"], np.arange(6, 10))
