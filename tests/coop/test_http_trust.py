@@ -176,7 +176,7 @@ def test_an_aborted_upload_is_counted_as_rejected_with_one_log_line(make, caplog
 def test_a_full_spool_disk_is_a_503_to_retry_and_changes_nothing(make, monkeypatch, where):
     from coop.spool import Spool, SpooledBody
 
-    coordinator, client = make()
+    coordinator, client = make(tiny(coordinator={"updates_in_ram_mb": 0}))  # every kept update spooled
     _, auth = join(client)
 
     def full(*args, **kwargs):
