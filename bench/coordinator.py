@@ -26,6 +26,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,8 +48,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_config(model: dict, codec: str, workers: int, rounds: int, spool: bool = True,
-               in_ram_mb: float = 1024.0) -> dict:
+def run_config(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | None = None) -> dict:
     return {
         "model": model,
         "data": {"default_chars": 400_000, "shards": workers},
@@ -56,21 +56,28 @@ def run_config(model: dict, codec: str, workers: int, rounds: int, spool: bool =
         "compression": {"codec": codec, "options": {"block_size": 256} if codec == "int8" else {}},
         "rounds": {"max_rounds": rounds, "min_workers": workers, "quorum_fraction": 1.0, "eval_every": 0,
                    "worker_timeout_s": 600, "heartbeat_s": 30, "max_deadline_s": 3600},
-        "coordinator": {"spool_updates": spool, "updates_in_ram_mb": in_ram_mb},
+        "coordinator": {"ram_for_updates_mb": ram_mb},
     }
 
 
-def peak_rss_mb(pid: int) -> float:
+def peak_rss_mb(pid: int, field: str = "VmHWM") -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
 
-def bench(model: dict, codec: str, workers: int, rounds: int, spool: bool = True, in_ram_mb: float = 1024.0) -> dict:
+def rss_mb(pid: int) -> float:
+    try:
+        return peak_rss_mb(pid, "VmRSS")
+    except OSError:
+        return float("nan")
+
+
+def bench(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="coop-bench-") as tmp:
         config_path = Path(tmp) / "run.json"
-        config_path.write_text(json.dumps(run_config(model, codec, workers, rounds, spool, in_ram_mb)))
+        config_path.write_text(json.dumps(run_config(model, codec, workers, rounds, ram_mb)))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log = open(Path(tmp) / "coordinator.log", "wb")
@@ -90,6 +97,15 @@ def bench(model: dict, codec: str, workers: int, rounds: int, spool: bool = True
                     raise SystemExit("coordinator did not start:\n" + (Path(tmp) / "coordinator.log").read_text()[-3000:])
                 time.sleep(0.5)
             startup_rss = peak_rss_mb(coordinator.pid)
+            samples: list[tuple[float, float]] = []  # (time, resident MB): where in the round the peak is
+            sampling = threading.Event()
+
+            def sample() -> None:
+                while not sampling.wait(0.1):
+                    samples.append((time.time(), rss_mb(coordinator.pid)))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
             clients = [subprocess.Popen([sys.executable, __file__, "--_worker", url, "--_seed", str(i), "--codec", codec],
                                         cwd=REPO, stdout=subprocess.PIPE) for i in range(workers)]
             reports = []
@@ -101,11 +117,16 @@ def bench(model: dict, codec: str, workers: int, rounds: int, spool: bool = True
             status = httpx.get(url + "/v1/status", timeout=30).json()
             metrics = httpx.get(url + "/metrics", timeout=30).text
             peak = peak_rss_mb(coordinator.pid)
+            sampling.set()
         finally:
             coordinator.terminate()
             coordinator.wait(60)
     history = [h for h in status["history"] if h.get("round") is not None]
     closes = [h["closed_at"] for h in history]
+    peak_at, peak_sampled = max(samples, key=lambda s: s[1]) if samples else (float("nan"), float("nan"))
+    # the sampled peak, in seconds from the nearest round close (negative: before it; the close itself
+    # takes close_s before closed_at)
+    peak_from_close = min((peak_at - c for c in closes), key=abs) if closes else float("nan")
     round_times = [b - a for a, b in zip(closes, closes[1:])]  # round 0 also holds start-up; left out
     round_s = statistics.median(round_times) if round_times else history[0]["duration_s"]
     bytes_in = statistics.median(h["bytes_in"] for h in history)
@@ -116,8 +137,7 @@ def bench(model: dict, codec: str, workers: int, rounds: int, spool: bool = True
     return {
         "bench": "coordinator",
         "codec": codec,
-        "spool_updates": spool,
-        "updates_in_ram_mb": in_ram_mb if spool else None,
+        "ram_for_updates_mb": ram_mb,  # None: the default, half the memory available at start
         "parameters": status["model"]["parameters"],
         "workers": workers,
         "rounds": len(history),
@@ -137,6 +157,8 @@ def bench(model: dict, codec: str, workers: int, rounds: int, spool: bool = True
         "peak_rss_MB": round(peak),
         "model_MB": round(model_mb),
         "peak_over_model": round(peak / model_mb, 2),
+        "peak_sampled_MB": round(peak_sampled),
+        "peak_s_from_close": round(peak_from_close, 2),
         "cpus": os.cpu_count(),
     }
 
@@ -204,10 +226,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--codecs", nargs="+", default=["fp32", "int8"])
     parser.add_argument("--small", action="store_true", help="a tiny model instead of 124M parameters")
-    parser.add_argument("--in-ram", action="store_true",
-                        help="[coordinator] spool_updates = false: uploads and kept updates in memory")
-    parser.add_argument("--updates-in-ram-mb", type=float, default=1024.0,
-                        help="[coordinator] updates_in_ram_mb: the round's updates kept in RAM before the spool")
+    parser.add_argument("--ram-for-updates-mb", type=float, default=None,
+                        help="[coordinator] ram_for_updates_mb: uploads and kept updates in RAM up to this, the rest "
+                             "through the spool (0: all through the disk; default: half the available memory)")
     parser.add_argument("--codec", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--_worker", help=argparse.SUPPRESS)
     parser.add_argument("--_seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -217,7 +238,7 @@ def main() -> None:
         return
     for codec in args.codecs:
         print(json.dumps(bench(TINY if args.small else GPT2_SMALL, codec, args.workers, args.rounds,
-                               spool=not args.in_ram, in_ram_mb=args.updates_in_ram_mb)), flush=True)
+                               ram_mb=args.ram_for_updates_mb)), flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import robust as robust_ops
 from .robust import Flat
-from .spool import Spool, SpooledVector
+from .spool import MemoryBudget, Spool, SpooledVector
 from .threads import parallel_map
 
 Weights = Mapping[str, np.ndarray]
@@ -130,8 +130,8 @@ class Aggregator:
 
     Memory: `"mean"` keeps one float32 (or `dtype`) running sum per tensor, O(model), so the HTTP
     coordinator can aggregate any number of workers. **The robust rules keep every contribution**:
-    N float32 copies of the model, in RAM, or with a `spool` (coop.spool) the first `in_ram_bytes`
-    of them in RAM and the rest on disk, where the process's memory stays O(model) (the close reads
+    N float32 copies of the model, in RAM, or with a `spool` (coop.spool) in RAM while they fit
+    its `budget` and on disk past it, where the process's memory stays O(model) (the close reads
     the N rows of one chunk of coordinates at a time); `result()` adds the (size,) result and per thread one (N, chunk) stack (CenteredClip
     loads the spooled contributions whole and makes three float64 copies of the model). `add`
     validates the whole update before touching any state: a refused update
@@ -141,7 +141,7 @@ class Aggregator:
     def __init__(self, shapes: Shapes, *, rule: str = DEFAULT_RULE, trim_fraction: float = DEFAULT_TRIM_FRACTION,
                  clip_factor: float | None = DEFAULT_CLIP_FACTOR, max_norm: float | None = None,
                  min_contributions: int = DEFAULT_MIN_CONTRIBUTIONS, dtype: Any = np.float32,
-                 spool: Spool | None = None, in_ram_bytes: int = 0):
+                 spool: Spool | None = None, budget: MemoryBudget | None = None):
         if rule not in RULES:
             raise ValueError(f"rule must be one of {', '.join(RULES)}, got {rule!r}")
         if max_norm is not None and not (math.isfinite(max_norm) and max_norm > 0):
@@ -160,8 +160,8 @@ class Aggregator:
         self.min_contributions = min_contributions
         self.dtype = np.dtype(dtype)
         self.spool = None if self.streaming else spool  # the robust rules' contributions on disk (coop.spool)
-        self.in_ram_bytes = in_ram_bytes  # with a spool: this much of a round's contributions stays in RAM
-        self._lock = threading.Lock()  # the RAM budget's count: prepare runs in several threads at once
+        self.budget = budget  # with a spool: the contributions that fit it stay in RAM (None: none do)
+        self._lock = threading.Lock()  # prepare runs in several threads at once
         self.reference_norm: float | None = None  # "mean": the median norm of the last full round
         self.reset()
 
@@ -177,13 +177,15 @@ class Aggregator:
         for values, _ in getattr(self, "_kept", []):
             if isinstance(values, SpooledVector):
                 values.close()  # its disk space back now, not when the garbage collector gets to it
+        if getattr(self, "_ram_used", 0) and self.budget is not None:
+            self.budget.release(self._ram_used)
         self.count = 0
         self.total_weight = 0.0
         self.norms: list[float] = []  # each contribution's norm before clipping, for logging
         self.clip_bound: float | None = None  # the bound the last result() (or add, streamed) applied
         self._sum: dict[str, np.ndarray] | None = None  # name -> sum of weight * update (streaming mode)
         self._kept: list[tuple[Flat, float]] = []  # (update as one flat float32 vector, weight) (robust rules)
-        self._ram_used = 0  # bytes of the kept contributions in RAM (the rest is spooled)
+        self._ram_used = 0  # bytes of the budget this round's contributions hold (prepared ones included)
         self.left_out: list[int] = []  # filtered_mean: indices (in order of add) left out by the last result()
 
     def add(self, update: Weights, weight: float = 1.0) -> float:
@@ -270,11 +272,11 @@ class Aggregator:
         rules then run over chunks of it in parallel threads, whatever the tensors' sizes."""
         size = sum(math.prod(shape) for shape in self.shapes.values())
         if self.spool is not None:
-            with self._lock:
-                in_ram = self._ram_used + 4 * size <= self.in_ram_bytes
-                self._ram_used += 4 * size if in_ram else 0
+            in_ram = self.budget is not None and self.budget.reserve(4 * size)
             if not in_ram:
                 return self.spool.write(np.asarray(update[name]) for name in self.shapes)
+            with self._lock:
+                self._ram_used += 4 * size
         flat = np.empty(size, dtype=np.float32)
         offset = 0
         for name, shape in self.shapes.items():

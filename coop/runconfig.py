@@ -185,17 +185,16 @@ class CoordinatorSection(Section):
     clip_factor: float | None = Field(DEFAULT_CLIP_FACTOR, ge=0.0)  # clip to this x the median norm; 0/None: off
     max_norm: float | None = Field(None, gt=0.0)  # clip each contribution's global L2 norm to this, too
     min_contributions: int = Field(DEFAULT_MIN_CONTRIBUTIONS, ge=1)  # fewer: the plain weighted mean
-    # uploads are received into files of state_dir/spool, all at once, and the robust rules keep
-    # the round's updates past the first updates_in_ram_mb there: memory O(model) (the page cache
-    # holds what fits in RAM). false: all in RAM, workers x model bytes, and only
-    # concurrent_uploads bodies read at once
-    spool_updates: bool = True
-    updates_in_ram_mb: float = Field(1024.0, ge=0.0)
+    # uploads, and the updates the robust rules keep until the round closes, stay in RAM up to
+    # this many MB; past it they go to files in state_dir/spool (read back by chunks; the page
+    # cache keeps what fits): memory O(model) + this. None: half the memory available when the
+    # coordinator starts. 0: everything through the disk
+    ram_for_updates_mb: float | None = Field(None, ge=0.0)
     # limits on what the network may send
     max_update_bytes: int | None = Field(None, ge=1024)  # None: the fp32 size of the model plus headers
     max_json_bytes: int = Field(65536, ge=1024)
     max_workers: int = Field(1024, ge=1)
-    concurrent_uploads: int = Field(2, ge=1)  # bodies in memory at once, being decoded (memory ~ this x one update)
+    concurrent_uploads: int = Field(2, ge=1)  # uploads decoded at once (each received in full first)
     # limits on time and connections (a slow or hostile client must not hold the server)
     body_timeout_s: float = Field(600.0, gt=0.0)  # to send one request body; then 408 (an update at 1 MB/s: 600 MB)
     header_timeout_s: float = Field(10.0, gt=0.0)  # to send a request's line and headers; then the connection is closed
@@ -467,10 +466,10 @@ trim_fraction = 0.25  # trimmed_mean drops this fraction of the values at each e
 clip_factor = 2.0     # first clip each update to 2x the round's median norm (0: off)
 min_contributions = 3 # rounds with fewer updates take the plain weighted mean
 # max_norm = 10.0     # also clip each worker's update to this global L2 norm
-spool_updates = true   # uploads and the robust rules' updates in files of state_dir/spool: memory O(model)
-updates_in_ram_mb = 1024  # (the first 1 GB of a round's updates stays in RAM: small models never touch the disk)
+# ram_for_updates_mb = 4096  # uploads and kept updates in RAM up to this, the rest in state_dir/spool
+                             # (default: half the memory available at start; 0: all through the disk)
 max_workers = 1024     # worker records at most (records of workers gone for worker_timeout_s are pruned)
-concurrent_uploads = 2 # update bodies in memory at once, being decoded (one upload per worker at a time)
+concurrent_uploads = 2 # uploads decoded at once (one upload per worker at a time)
 body_timeout_s = 600   # to send one request body, then 408
 header_timeout_s = 10  # to send a request's headers, then the connection is closed
 keep_alive_s = 30      # idle keep-alive connections are closed after this long

@@ -1,5 +1,5 @@
-"""A round's updates kept on disk, so that the coordinator's memory is O(model) for any number of
-workers.
+"""A round's updates kept on disk once RAM runs short, so that the coordinator's memory is O(model)
+plus a fixed budget for any number of workers.
 
 The robust rules need every update of the round at its close (a coordinate-wise median looks at
 all N values of a coordinate at once): N x model bytes. Held in RAM, 8 workers of a 124M model
@@ -9,6 +9,10 @@ file of the spool directory; the close reads the N rows of one chunk of coordina
 the page cache keeps in RAM what fits there, at memory speed, without it counting against the
 process. A memory map would count: its pages are resident in the process once touched.
 
+`MemoryBudget` decides which: uploads and kept updates stay in RAM while they fit the budget (by
+default half the memory available when the coordinator starts: a run that fits in RAM never
+touches the disk), the rest goes through the spool.
+
 The files are opened with O_TMPFILE (`tempfile.TemporaryFile`): they have no name, so a crash
 leaves nothing behind, and closing one (at the round's reset, or when a refused update is dropped)
 gives its space back.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -120,3 +125,40 @@ class Spool:
         except BaseException:
             file.close()
             raise
+
+
+class MemoryBudget:
+    """Bytes of uploads and kept updates that may be in RAM at once (None: no limit). `reserve`
+    says whether n more fit (and counts them); `release` gives them back. Thread-safe: uploads
+    are decoded in several threads at once."""
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, n: int) -> bool:
+        with self._lock:
+            if self.limit is not None and self.used + n > self.limit:
+                return False
+            self.used += n
+            return True
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - n)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations now (MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

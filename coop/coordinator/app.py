@@ -41,7 +41,7 @@ from starlette.requests import ClientDisconnect
 from coop import __version__
 from coop.apidocs import serve_api_docs
 from coop.pageaccess import PageAccess, add_login_routes
-from coop.spool import Spool, SpooledBody
+from coop.spool import MemoryBudget, Spool, SpooledBody
 
 from .evaluation import EvalReport
 from .members import WorkerRecord, retry_after_header
@@ -152,21 +152,23 @@ def _bearer(request: Request) -> str | None:
 
 
 async def read_body(request: Request, limit: int, timeout_s: float | None = None,
-                    spool: Spool | None = None) -> bytearray | SpooledBody:
+                    spool: Spool | None = None, budget: MemoryBudget | None = None) -> bytearray | SpooledBody:
     """The request body within `timeout_s` (else 408), refusing more than `limit` bytes (413)
     before reading it when Content-Length says so, and while reading otherwise. In memory
-    (preallocated: no repeated copies), or with a `spool` into a file of it as it arrives. A
-    client that goes away midway raises starlette's ClientDisconnect."""
+    (preallocated: no repeated copies), or with a `spool` into a file of it as it arrives unless
+    its declared size fits the `budget` (reserved there: the caller releases len(body) when done
+    with a body in memory). A client that goes away midway raises starlette's ClientDisconnect."""
     if timeout_s is None:
-        return await _read_body(request, limit, spool)
+        return await _read_body(request, limit, spool, budget)
     try:
-        return await asyncio.wait_for(_read_body(request, limit, spool), timeout_s)
+        return await asyncio.wait_for(_read_body(request, limit, spool, budget), timeout_s)
     except asyncio.TimeoutError:
         raise RequestError(408, f"the body did not arrive within {timeout_s:g} s ([coordinator] body_timeout_s); "
                                 "send it faster or raise the limit", headers=CLOSE) from None
 
 
-async def _read_body(request: Request, limit: int, spool: Spool | None = None) -> bytearray | SpooledBody:
+async def _read_body(request: Request, limit: int, spool: Spool | None = None,
+                     budget: MemoryBudget | None = None) -> bytearray | SpooledBody:
     declared = request.headers.get("content-length")
     size = None
     if declared is not None:
@@ -178,7 +180,8 @@ async def _read_body(request: Request, limit: int, spool: Spool | None = None) -
             raise RequestError(400, f"Content-Length {size} is negative", headers=CLOSE)
         if size > limit:
             raise RequestError(413, f"body of {size} bytes exceeds the limit of {limit} bytes", headers=CLOSE)
-    sink = _MemoryBody(size) if spool is None else _SpooledSink(spool.body())
+    in_ram = spool is None or (size is not None and budget is not None and budget.reserve(size))
+    sink = _MemoryBody(size, budget if spool is not None else None) if in_ram else _SpooledSink(spool.body())
     try:
         received = 0
         async for chunk in request.stream():
@@ -199,9 +202,10 @@ async def _read_body(request: Request, limit: int, spool: Spool | None = None) -
 class _MemoryBody:
     """A body read into memory: into one preallocated buffer when its size was declared."""
 
-    def __init__(self, size: int | None):
+    def __init__(self, size: int | None, reserved_from: MemoryBudget | None = None):
         self.body = bytearray(size or 0)
         self.view, self.filled, self.declared = memoryview(self.body), 0, size is not None
+        self.reserved_from = reserved_from  # the budget its size was reserved from, given back if it fails
 
     async def put(self, chunk: bytes) -> None:
         if self.declared:
@@ -214,7 +218,8 @@ class _MemoryBody:
         return self.body
 
     def discard(self) -> None:
-        pass
+        if self.reserved_from is not None:
+            self.reserved_from.release(len(self.body))
 
 
 class _SpooledSink:
@@ -402,26 +407,25 @@ def create_app(coordinator: Coordinator) -> FastAPI:
                 if not await _drain(request, limit, body_timeout):
                     error.extra["headers"] = CLOSE
                 raise
-            # upload_slots bound the bodies in memory at once. Spooled, every upload is received at
-            # once, each into its file, and only the decodes (each reads its body back) take a slot.
-            reading, decoding = ((c.upload_slots, contextlib.nullcontext()) if c.spool is None
-                                 else (contextlib.nullcontext(), c.upload_slots))
-            async with reading:
-                try:
-                    body = await read_body(request, limit, body_timeout, c.spool)
-                except RequestError as error:
-                    c.reject(record, {413: "too_large", 408: "timeout"}.get(error.status, "invalid"))
-                    raise
-                except ClientDisconnect:
-                    c.reject(record, "aborted")
-                    log.warning("upload from %s for round %d aborted by the client", record.id, round_number)
-                    raise RequestError(400, "the upload was aborted before its body was complete") from None
-                try:
-                    async with decoding:
-                        return await c.submit_update(record, round_number, body)
-                finally:
-                    if isinstance(body, SpooledBody):
-                        body.close()
+            # Every upload is received at once: in RAM while the budget allows, else into a spool
+            # file (coop.spool); upload_slots bound only the decodes.
+            try:
+                body = await read_body(request, limit, body_timeout, c.spool, c.budget)
+            except RequestError as error:
+                c.reject(record, {413: "too_large", 408: "timeout"}.get(error.status, "invalid"))
+                raise
+            except ClientDisconnect:
+                c.reject(record, "aborted")
+                log.warning("upload from %s for round %d aborted by the client", record.id, round_number)
+                raise RequestError(400, "the upload was aborted before its body was complete") from None
+            try:
+                async with c.upload_slots:
+                    return await c.submit_update(record, round_number, body)
+            finally:
+                if isinstance(body, SpooledBody):
+                    body.close()
+                else:
+                    c.budget.release(len(body))
 
     @app.get("/v1/rounds/{round_number}/wait", response_model=RoundInfo, responses=responses(401, 422))
     async def wait(request: Request, round_number: int,

@@ -23,7 +23,7 @@ import engine
 from coop.diloco import Aggregator, PreparedUpdate, global_norm, shapes_of
 from coop.replica import weights_of
 from coop.runconfig import RunConfig
-from coop.spool import Spool, SpooledBody
+from coop.spool import MemoryBudget, Spool, SpooledBody, available_memory
 from coop.streaming import fragment_of_round, fragments
 from coop.wire import Laid, lay_out, pack, spec_of
 from engine.nn import GPT
@@ -88,10 +88,13 @@ class Coordinator:
         self.parts = fragments(self.weights, config.outer.fragments)
         self.part_shapes = [{n: self.shapes[n] for n in part} for part in self.parts]
         self.part_specs = [spec_of({n: self.weights[n] for n in part}) for part in self.parts]
-        # uploads are received into files, and the robust rules keep the round's updates there (coop.spool)
-        self.spool = Spool(self.state_dir / "spool") if c.spool_updates else None
-        self.aggregators = [Aggregator(shapes, **c.aggregator_options(), spool=self.spool,
-                                       in_ram_bytes=int(c.updates_in_ram_mb * 1e6)) for shapes in self.part_shapes]
+        # uploads and the robust rules' kept updates: in RAM while they fit the budget, else in the spool
+        self.spool = Spool(self.state_dir / "spool")
+        self.budget = MemoryBudget(ram_budget_bytes(c.ram_for_updates_mb))
+        log.info("uploads and the round's kept updates in RAM up to %.0f MB, past that in %s",
+                 self.budget.limit / 1e6, self.spool.directory)
+        self.aggregators = [Aggregator(shapes, **c.aggregator_options(), spool=self.spool, budget=self.budget)
+                            for shapes in self.part_shapes]
         k = config.compression  # the compressed downlink keeps the workers' view (V = G on a restart)
         self.downlink = Downlink(k.codec, k.options, self.weights, k.snapshot_every) if k.downlink == "codec" else None
         self.machine = RoundMachine(first_round, config.rounds.max_rounds, c.min_workers, c.quorum_fraction,
@@ -523,9 +526,17 @@ class Coordinator:
         return status_of(self)
 
 
+def ram_budget_bytes(megabytes: float | None) -> int:
+    """[coordinator] ram_for_updates_mb in bytes; None: half the memory available now."""
+    if megabytes is not None:
+        return int(megabytes * 1e6)
+    available = available_memory()
+    return available // 2 if available is not None else 1 << 30
+
+
 def spool_full(error: OSError) -> RequestError:
     log.error("could not spool an upload (%s); free disk space in the state directory's spool/, "
-              "or set [coordinator] spool_updates = false", error)
+              "or raise [coordinator] ram_for_updates_mb", error)
     return RequestError(503, f"the coordinator could not store this update ({error.strerror or error}); "
                              "send it again later", headers={"Retry-After": "10"})
 

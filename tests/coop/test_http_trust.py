@@ -157,7 +157,7 @@ def test_an_aborted_upload_is_counted_as_rejected_with_one_log_line(make, caplog
     coordinator, client = make()
     info, auth = join(client)
 
-    async def disconnected(request, limit, spool=None):  # what starlette raises when the client goes away midway
+    async def disconnected(request, limit, *where):  # what starlette raises when the client goes away midway
         raise ClientDisconnect()
 
     monkeypatch.setattr(app_module, "_read_body", disconnected)
@@ -176,7 +176,7 @@ def test_an_aborted_upload_is_counted_as_rejected_with_one_log_line(make, caplog
 def test_a_full_spool_disk_is_a_503_to_retry_and_changes_nothing(make, monkeypatch, where):
     from coop.spool import Spool, SpooledBody
 
-    coordinator, client = make(tiny(coordinator={"updates_in_ram_mb": 0}))  # every kept update spooled
+    coordinator, client = make(tiny(coordinator={"ram_for_updates_mb": 0}))  # everything through the spool
     _, auth = join(client)
 
     def full(*args, **kwargs):

@@ -1,6 +1,7 @@
 """coop.spool: a round's updates on disk. Spooled, every robust rule gives bit for bit what it gives
 in memory; the files hold exactly the vectors, read back from any range; they leave nothing on disk
-once the round is reset; and a coordinator's memory no longer grows with its contributions."""
+once the round is reset; a memory budget decides what stays in RAM; and a coordinator round that
+goes through the disk gives what the round in RAM gives."""
 from __future__ import annotations
 
 import os
@@ -90,18 +91,20 @@ def test_a_write_that_fails_leaves_no_file_open(tmp_path, monkeypatch):
         os.fstat(opened[0])
 
 
-def test_the_coordinator_spools_the_robust_rules_and_not_the_streamed_mean(tmp_path):
+def test_the_coordinator_budget_is_half_the_available_memory_unless_given(tmp_path):
     from coop.coordinator.service import Coordinator
     from coop.runconfig import parse_run_config
+    from coop.spool import available_memory
 
     raw = {"model": {"n_layer": 1, "n_head": 1, "n_embd": 8, "block_size": 8},
            "data": {"default_chars": 20_000, "shards": 2}, "rounds": {"eval_every": 0}}
-    robust_default = Coordinator(parse_run_config(raw), tmp_path / "a")
-    assert robust_default.aggregator.spool.directory == tmp_path / "a" / "spool"
-    raw["coordinator"] = {"spool_updates": False}
-    assert Coordinator(parse_run_config(raw), tmp_path / "b").aggregator.spool is None
+    default = Coordinator(parse_run_config(raw), tmp_path / "a")
+    assert default.aggregator.spool.directory == tmp_path / "a" / "spool"
+    assert default.budget.limit == pytest.approx(available_memory() // 2, rel=0.2)
+    raw["coordinator"] = {"ram_for_updates_mb": 5}
+    assert Coordinator(parse_run_config(raw), tmp_path / "b").aggregator.budget.limit == 5_000_000
     raw["coordinator"] = {"aggregation": "mean"}
-    assert Coordinator(parse_run_config(raw), tmp_path / "c").aggregator.spool is None
+    assert Coordinator(parse_run_config(raw), tmp_path / "c").aggregator.spool is None  # streamed: nothing kept
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -121,22 +124,37 @@ def test_every_rule_computes_into_a_given_buffer_what_it_returns_otherwise(tmp_p
         aggregator.result(out=np.empty(25_472, np.float64))
 
 
-def test_the_first_in_ram_bytes_of_a_round_stay_in_ram_and_the_rest_is_spooled(tmp_path):
-    from coop.spool import SpooledVector
+def test_the_updates_that_fit_the_budget_stay_in_ram_and_the_rest_is_spooled(tmp_path):
+    from coop.spool import MemoryBudget, SpooledVector
 
     one = 4 * 25_472
-    aggregator = Aggregator(SHAPES, rule="filtered_mean", spool=Spool(tmp_path), in_ram_bytes=2 * one)
+    budget = MemoryBudget(2 * one + 100)
+    aggregator = Aggregator(SHAPES, rule="filtered_mean", spool=Spool(tmp_path), budget=budget)
     reference = Aggregator(SHAPES, rule="filtered_mean")
-    for round_number in range(2):  # the budget is the round's: the reset gives it back
+    for round_number in range(2):  # the reset gives the budget back
         for i, update in enumerate(updates(5, seed=round_number)):
             aggregator.add(update, weight=1.0 + i)
             reference.add(update, weight=1.0 + i)
         kinds = [isinstance(values, SpooledVector) for values, _ in aggregator._kept]
-        assert kinds == [False, False, True, True, True]
+        assert kinds == [False, False, True, True, True] and budget.used == 2 * one
         for name, value in aggregator.result().items():
             np.testing.assert_array_equal(value, reference.result()[name])
         aggregator.reset()
         reference.reset()
+        assert budget.used == 0
+
+
+def test_a_memory_budget_counts_reservations_from_many_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from coop.spool import MemoryBudget
+
+    budget = MemoryBudget(1000)
+    with ThreadPoolExecutor(8) as pool:
+        granted = list(pool.map(lambda _: budget.reserve(7), range(1000)))
+    assert sum(granted) == 142 and budget.used == 994
+    budget.release(994)
+    assert budget.used == 0 and MemoryBudget(None).reserve(10**15)
 
 
 def test_a_coordinator_round_with_every_update_spooled_equals_the_round_in_ram(tmp_path):
@@ -148,13 +166,12 @@ def test_a_coordinator_round_with_every_update_spooled_equals_the_round_in_ram(t
     from coop.wire import pack
 
     weights = []
-    for where, options in (("ram", {"spool_updates": False}), ("disk", {"updates_in_ram_mb": 0})):
+    for where, options in (("ram", {}), ("disk", {"ram_for_updates_mb": 0})):
         raw = {"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16},
                "data": {"default_chars": 60_000, "shards": 4}, "rounds": {"eval_every": 0},
                "coordinator": {"min_workers": 4, "quorum_fraction": 1.0, **options}}
         coordinator = Coordinator(parse_run_config(raw), tmp_path / where, "tok")
-        assert (coordinator.spool is None) == (where == "ram") and coordinator.aggregator.in_ram_bytes == (
-            0 if where == "disk" else 1024 * 10**6)
+        assert coordinator.budget.limit == 0 if where == "disk" else coordinator.budget.limit > 10**8
         with TestClient(create_app(coordinator)) as client:
             rng = np.random.default_rng(0)
             common = {k: rng.standard_normal(v.shape) * 1e-2 for k, v in coordinator.weights.items()}
@@ -169,5 +186,6 @@ def test_a_coordinator_round_with_every_update_spooled_equals_the_round_in_ram(t
             assert client.get("/v1/rounds/0/wait", params={"timeout_s": 10},
                               headers={"Authorization": f"Bearer {info['worker_token']}"}).json()["closed"]
             weights.append({k: v.copy() for k, v in coordinator.weights.items()})
+            assert coordinator.budget.used == 0  # every body's and kept update's reservation given back
     for name in weights[0]:
         np.testing.assert_array_equal(weights[1][name], weights[0][name])
