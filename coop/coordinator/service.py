@@ -21,6 +21,7 @@ import numpy as np
 
 import engine
 from coop.diloco import Aggregator, PreparedUpdate, global_norm, shapes_of
+from coop.memory import give_back_free_memory
 from coop.replica import weights_of
 from coop.runconfig import RunConfig
 from coop.spool import MemoryBudget, Spool, SpooledBody, available_memory
@@ -127,6 +128,7 @@ class Coordinator:
         self.upload_slots: asyncio.Semaphore | None = None
         self._ticker: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
+        give_back_free_memory()  # the model's initialisation left its temporaries in the heaps (coop.memory)
 
     @property
     def fragment(self) -> int:  # the fragment the open round merges (0 without streaming)
@@ -498,6 +500,7 @@ class Coordinator:
             "closed_at": self.clock(),
         }
         self.aggregator.reset()
+        give_back_free_memory()  # the close's temporaries, before the next round's uploads come in
         self.history.append(record)
         return record
 

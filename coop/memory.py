@@ -1,0 +1,28 @@
+"""Giving freed memory back to the operating system.
+
+numpy's mid-sized arrays (the 128 KB - 32 MB temporaries of a round's chunked work, a model's
+initialisation) come from glibc's heaps, one per thread that allocates; freed, they stay mapped to
+the process for reuse. After a coordinator starts, 650 MB of a 124M model's 1.3 GB resident were
+such free memory (traced live: 475 MB). `malloc_trim(0)` returns what the heaps hold free; the
+coordinator calls it once set up and after each round's close, so what it holds between rounds is
+what it uses. Elsewhere (no glibc) it does nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+_trim = None
+
+
+def give_back_free_memory() -> bool:
+    """Return the heaps' free memory to the OS (glibc's malloc_trim). False where unavailable."""
+    global _trim
+    if _trim is None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _trim = libc.malloc_trim
+            _trim.argtypes, _trim.restype = [ctypes.c_size_t], ctypes.c_int
+        except (OSError, AttributeError):
+            _trim = False
+    return bool(_trim) and bool(_trim(0))
