@@ -51,11 +51,13 @@ def pseudo_gradient(global_weights: Weights, local_weights: Weights) -> dict[str
     """global - local, per tensor, in float32: the direction the replica's K inner steps moved,
     with the sign of a gradient (so the outer optimizer descends along it)."""
     _check_same_tensors(shapes_of(global_weights), local_weights, "local weights")
-    return {
-        # asarray around: numpy turns 0-d results into scalars
-        name: np.asarray(np.asarray(theta, dtype=np.float32) - np.asarray(local_weights[name], dtype=np.float32))
-        for name, theta in global_weights.items()
-    }
+
+    def difference(name: str) -> np.ndarray:  # asarray around: numpy turns 0-d results into scalars
+        theta = np.asarray(global_weights[name], dtype=np.float32)
+        return np.asarray(theta - np.asarray(local_weights[name], dtype=np.float32))
+
+    names = list(global_weights)  # the tensors on every core (0.5 s of one core at 124M)
+    return dict(zip(names, parallel_map(difference, names, sum(np.size(w) for w in global_weights.values()))))
 
 
 def global_norm(update: Weights) -> float:
