@@ -204,7 +204,8 @@ class _MemoryBody:
 
     def __init__(self, size: int | None, reserved_from: MemoryBudget | None = None):
         self.body = bytearray(size or 0)
-        self.view, self.filled, self.declared = memoryview(self.body), 0, size is not None
+        self.declared, self.filled = size is not None, 0
+        self.view = memoryview(self.body) if self.declared else None  # (an exported bytearray cannot grow)
         self.reserved_from = reserved_from  # the budget its size was reserved from, given back if it fails
 
     async def put(self, chunk: bytes) -> None:

@@ -189,3 +189,17 @@ def test_a_full_spool_disk_is_a_503_to_retry_and_changes_nothing(make, monkeypat
     assert coordinator.machine.round.reports == {} and coordinator.aggregator.count == 0
     monkeypatch.undo()
     assert client.put("/v1/rounds/0/update", content=update_body(coordinator, 0), headers=auth).status_code == 200
+
+
+@pytest.mark.parametrize("budget_mb", [None, 0])
+def test_a_body_without_content_length_is_read_in_ram_or_spooled(make, budget_mb):
+    coordinator, client = make(tiny(coordinator={"ram_for_updates_mb": budget_mb}))
+    _, auth = join(client)
+    body = update_body(coordinator, 0)
+    chunks = (body[i : i + 1000] for i in range(0, len(body), 1000))  # chunked transfer: no Content-Length
+    response = client.put("/v1/rounds/0/update", content=chunks, headers=auth)
+    assert response.status_code == 200, response.text
+    kept_in_ram = 0 if budget_mb == 0 else 4 * coordinator.n_params  # the body's share given back, the update's kept
+    assert coordinator.budget.used == kept_in_ram
+    response = client.post("/v1/heartbeat", content=(part for part in (b"{", b"}")), headers=auth)  # JSON, chunked
+    assert response.status_code == 200, response.text
