@@ -30,25 +30,36 @@ import numpy as np
 _WRITE_CHUNK = 16 << 20  # bytes per write(): a tensor converted to float32 is never copied whole
 
 
+def _pread_into(fd: int, view: memoryview, offset: int) -> None:
+    while view.nbytes:
+        n = os.preadv(fd, [view], offset)
+        if n <= 0:
+            raise OSError(f"the spool file ended {view.nbytes} bytes early (was it truncated?)")
+        view, offset = view[n:], offset + n
+
+
 class SpooledVector:
     """One flat float32 vector in a file of its own. `size` elements; `read_into` fills a buffer
-    from any range; `load` reads it whole (for the rules that need whole vectors)."""
+    from any range; `load` reads it whole (for the rules that need whole vectors). By default the
+    file holds the vector from byte 0; `segments` (vector start, file offset in bytes, count) say
+    where its pieces lie otherwise (an fp32 upload's tensors in its body, in the model's order)."""
 
-    def __init__(self, file, size: int):
+    def __init__(self, file, size: int, segments: list[tuple[int, int, int]] | None = None):
         self._file = file
         self.size = size
         self.dtype = np.dtype(np.float32)
+        self.segments = segments if segments is not None else [(0, 0, size)]
 
     def read_into(self, start: int, out: np.ndarray) -> np.ndarray:
         """out[:] = vector[start : start + out.size]; `out` is a contiguous float32 array."""
         if not (out.dtype == np.float32 and out.flags.c_contiguous) or start < 0 or start + out.size > self.size:
             raise ValueError(f"read of {out.size} float32 at {start} from a spooled vector of {self.size}")
-        view, offset = memoryview(out).cast("B"), 4 * start
-        while view.nbytes:
-            n = os.preadv(self._file.fileno(), [view], offset)
-            if n <= 0:
-                raise OSError(f"the spool file ended {view.nbytes} bytes early (was it truncated?)")
-            view, offset = view[n:], offset + n
+        stop = start + out.size
+        for first, offset, count in self.segments:  # the pieces of the file [start, stop) covers
+            lo, hi = max(start, first), min(stop, first + count)
+            if lo < hi:
+                _pread_into(self._file.fileno(), memoryview(out[lo - start : hi - start]).cast("B"),
+                            offset + 4 * (lo - first))
         return out
 
     def __getitem__(self, item: slice) -> np.ndarray:
@@ -80,17 +91,33 @@ class SpooledBody:
             view = view[os.write(self._file.fileno(), view):]
 
     def read(self) -> bytearray:
-        body = bytearray(self.size)
-        view, offset = memoryview(body), 0
-        while offset < self.size:
-            n = os.preadv(self._file.fileno(), [view[offset:]], offset)
-            if n <= 0:
-                raise OSError(f"the spooled body ended after {offset} of {self.size} bytes")
-            offset += n
-        return body
+        return self.read_range(0, self.size)
+
+    def read_range(self, start: int, stop: int) -> bytearray:
+        """Bytes [start, stop) of the body."""
+        if not 0 <= start <= stop <= self.size:
+            raise ValueError(f"bytes {start}:{stop} of a spooled body of {self.size}")
+        data = bytearray(stop - start)
+        _pread_into(self._file.fileno(), memoryview(data), start)
+        return data
+
+    def read_into(self, offset: int, out: np.ndarray) -> np.ndarray:
+        """out's bytes from the body's bytes at `offset` (out: a contiguous array)."""
+        if offset < 0 or offset + out.nbytes > self.size:
+            raise ValueError(f"{out.nbytes} bytes at {offset} of a spooled body of {self.size}")
+        _pread_into(self._file.fileno(), memoryview(out).cast("B"), offset)
+        return out
+
+    def as_vector(self, segments: list[tuple[int, int, int]], size: int) -> SpooledVector:
+        """The body's file, as a flat float32 vector of `size` elements in these `segments` (see
+        SpooledVector). The file now belongs to the vector: closing the body no longer closes it."""
+        vector = SpooledVector(self._file, size, segments)
+        self._file = None
+        return vector
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 class Spool:

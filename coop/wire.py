@@ -172,26 +172,8 @@ def unpack(
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError(f"expected bytes, got {type(data).__name__}")
     view = memoryview(data).cast("B")
-    size = view.nbytes
-    if size > max_bytes:
-        raise WireError(f"message is {size} bytes, the limit is {max_bytes}; send a smaller update or raise the limit")
-    if size < 8:
-        raise WireError(f"message is {size} bytes, too short for the 8-byte safetensors length prefix (truncated?)")
-    (header_len,) = struct.unpack("<Q", view[:8])
-    if header_len > MAX_HEADER_BYTES:
-        raise WireError(f"safetensors header claims {header_len} bytes, the limit is {MAX_HEADER_BYTES}")
-    if 8 + header_len > size:
-        raise WireError(f"safetensors header claims {header_len} bytes but only {size - 8} follow the prefix (truncated?)")
-    header = parse_json(bytes(view[8 : 8 + header_len]), MAX_HEADER_BYTES, what="safetensors header")
-    if not isinstance(header, dict):
-        raise WireError(f"safetensors header must be a JSON object, got {type(header).__name__}")
-
-    metadata = _parse_metadata(header.pop("__metadata__", None))
-    data_len = size - 8 - header_len
-    _check_layout(header, data_len)  # after this, every entry below is known to fit exactly
-
+    header, metadata, base = parse_header(view, view.nbytes, max_bytes)
     tensors: dict[str, np.ndarray] = {}
-    base = 8 + header_len
     for name, entry in header.items():
         dtype = _DTYPE_OF_TAG[entry["dtype"]]
         begin, end = entry["data_offsets"]
@@ -251,6 +233,43 @@ def parse_json(raw: bytes | str, max_bytes: int, max_depth: int = MAX_JSON_DEPTH
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise WireError(f"{what} is not UTF-8 JSON: {error}") from error
+
+
+def dtype_of_tag(tag: str) -> np.dtype:
+    """The numpy dtype of a safetensors dtype tag coop accepts ("F32" -> float32)."""
+    return np.dtype(_DTYPE_OF_TAG[tag].newbyteorder("="))
+
+
+def header_length(prefix: bytes | memoryview, size: int, max_bytes: int = DEFAULT_MAX_BYTES) -> int:
+    """The header length a message of `size` bytes declares in its first 8 bytes (`prefix`), checked
+    against the size and the limits."""
+    if size > max_bytes:
+        raise WireError(f"message is {size} bytes, the limit is {max_bytes}; send a smaller update or raise the limit")
+    if size < 8:
+        raise WireError(f"message is {size} bytes, too short for the 8-byte safetensors length prefix (truncated?)")
+    (length,) = struct.unpack("<Q", prefix[:8])
+    if length > MAX_HEADER_BYTES:
+        raise WireError(f"safetensors header claims {length} bytes, the limit is {MAX_HEADER_BYTES}")
+    if 8 + length > size:
+        raise WireError(f"safetensors header claims {length} bytes but only {size - 8} follow the prefix (truncated?)")
+    return length
+
+
+def parse_header(head: bytes | memoryview, size: int,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """The checked header of a message of `size` bytes whose first bytes are `head` (at least the
+    length prefix and the header): (tensor entries, our metadata, where the data starts). Every
+    entry is known to fit the message exactly, so a reader of the data can trust its offsets (as
+    `unpack` does, and a coordinator checking an upload from its spool file)."""
+    length = header_length(head, size, max_bytes)
+    if len(head) < 8 + length:
+        raise ValueError(f"parse_header needs the first {8 + length} bytes, got {len(head)}")
+    header = parse_json(bytes(head[8 : 8 + length]), MAX_HEADER_BYTES, what="safetensors header")
+    if not isinstance(header, dict):
+        raise WireError(f"safetensors header must be a JSON object, got {type(header).__name__}")
+    metadata = _parse_metadata(header.pop("__metadata__", None))
+    _check_layout(header, size - 8 - length)  # after this, every entry is known to fit exactly
+    return header, metadata, 8 + length
 
 
 def _check_layout(header: dict[str, Any], data_len: int) -> None:

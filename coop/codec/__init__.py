@@ -66,18 +66,22 @@ def decode(
 ) -> dict[str, np.ndarray]:
     """Decode whatever `Codec.encode` produced, using only the metadata that came with it.
     Malformed metadata or arrays raise WireError. `copy`: see `Codec.decode`."""
+    return codec_of(metadata).decode(tensors, metadata, expected_shapes, copy=copy)
+
+
+def codec_of(metadata: Mapping[str, Any]) -> Codec:
+    """The codec an encoded update's metadata names, with its options. WireError if malformed."""
     name, options = metadata.get("codec"), metadata.get("options", {})
     if not isinstance(name, str) or name not in CODECS:
         raise WireError(f"metadata 'codec' must be one of {sorted(CODECS)}, got {name!r:.50}")
     if not isinstance(options, dict):
         raise WireError(f"metadata 'options' must be an object, got {type(options).__name__}")
     try:
-        codec = get_codec(name, **options)
+        return get_codec(name, **options)
     except ValueError as error:  # bad options from the network are a bad request
         raise WireError(str(error)) from error
-    return codec.decode(tensors, metadata, expected_shapes, copy=copy)
 
 
-__all__ = ["Codec", "Encoded", "ErrorFeedback", "Shapes", "CODECS", "get_codec", "decode", "FP32Codec", "FP16Codec",
+__all__ = ["Codec", "Encoded", "ErrorFeedback", "Shapes", "CODECS", "get_codec", "decode", "codec_of", "FP32Codec", "FP16Codec",
            "BF16Codec", "Int8Codec", "Int4Codec", "TopKCodec", "TopKInt8Codec", "float32_to_bf16_bits",
            "bf16_bits_to_float32"]

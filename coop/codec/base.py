@@ -73,7 +73,7 @@ class Codec:
         any allocation, so a hostile metadata cannot make us allocate a huge array. `copy=False`
         lets a lossless codec return the given arrays themselves (fp32: no copy of the model for
         a receiver that only reads the update, as the coordinator does)."""
-        shapes = _recorded_shapes(metadata, expected_shapes)
+        shapes = recorded_shapes(metadata, expected_shapes)
         expected_keys = {name + suffix for name in shapes for suffix in self.suffixes}
         if set(tensors) != expected_keys:
             missing, extra = sorted(expected_keys - set(tensors)), sorted(set(tensors) - expected_keys)
@@ -102,7 +102,7 @@ class Codec:
         raise NotImplementedError
 
 
-def _recorded_shapes(metadata: Mapping[str, Any], expected: Shapes | None) -> dict[str, tuple[int, ...]]:
+def recorded_shapes(metadata: Mapping[str, Any], expected: Shapes | None) -> dict[str, tuple[int, ...]]:
     raw = metadata.get("shapes")
     def is_dims(dims: Any) -> bool:
         return isinstance(dims, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims)

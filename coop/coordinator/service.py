@@ -38,7 +38,7 @@ from .persist import Checkpointer
 from .status import status_of
 from .rounds import DeadlinePolicy, Phase, Report, RoundMachine, StaleRound
 from .state import load_run, make_private_dir, make_private_tree, save_members, save_round
-from .updates import RequestError, check_update, default_update_limit
+from .updates import RequestError, check_spooled_fp32_update, check_update, default_update_limit
 
 log = logging.getLogger("coop.coordinator")
 
@@ -342,9 +342,14 @@ class Coordinator:
                       gpus: int = 1) -> tuple[PreparedUpdate, dict]:
         """In a thread, beside the other uploads: the checked update, ready for its aggregator. A
         worker of G GPUs (`--gpus`) may claim G x K x B x T tokens."""
+        f = fragment_of_round(round_number, len(self.parts))  # a stale round's is refused by its number anyway
+        if isinstance(body, SpooledBody) and self.config.compression.codec == "fp32" and not self.aggregators[f].streaming:
+            # an fp32 update that came through the spool stays there: checked a chunk at a time, kept as its body file
+            vector, norm, meta = check_spooled_fp32_update(body, round_number, spec=self.part_specs[f],
+                                                           max_tokens=self.max_tokens * gpus, max_bytes=self.max_update_bytes)
+            return PreparedUpdate(vector, norm), meta
         if isinstance(body, SpooledBody):
             body = body.read()  # back in memory for the decode only (upload_slots bound how many at once)
-        f = fragment_of_round(round_number, len(self.parts))  # a stale round's is refused by its number anyway
         update, meta = check_update(body, round_number, shapes=self.part_shapes[f], spec=self.part_specs[f],
                                     codec=self.config.compression.codec, max_tokens=self.max_tokens * gpus,
                                     max_bytes=self.max_update_bytes)

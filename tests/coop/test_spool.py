@@ -189,3 +189,83 @@ def test_a_coordinator_round_with_every_update_spooled_equals_the_round_in_ram(t
             assert coordinator.budget.used == 0  # every body's and kept update's reservation given back
     for name in weights[0]:
         np.testing.assert_array_equal(weights[1][name], weights[0][name])
+
+
+def _bad_fp32_bodies(weights: dict[str, np.ndarray]) -> dict[str, bytes]:
+    """Malformed or hostile fp32 uploads for round 0, one of each kind the checks refuse."""
+    import json
+    import struct
+
+    from coop.wire import pack
+
+    good = {k: np.full(v.shape, 1e-3, np.float32) for k, v in weights.items()}
+    shapes = {k: list(v.shape) for k, v in good.items()}
+    meta = {"codec": "fp32", "options": {}, "shapes": shapes, "round": 0, "tokens": 64}
+    first = next(iter(good))
+
+    def body(tensors=good, **changes):
+        return pack(tensors, {**meta, **changes})
+
+    header = json.dumps({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    return {
+        "truncated": body()[:-12],
+        "header longer than the body": struct.pack("<Q", 10**6) + b"{}",
+        "not safetensors": b"\x00" * 64,
+        "offsets past the data": struct.pack("<Q", len(header)) + header,
+        "wrong round": body(round=3),
+        "other codec": body(codec="int8"),
+        "too many tokens": body(tokens=10**9),
+        "loss not a number": body(loss="low"),
+        "bad codec options": body(options={"ratio": 0.1}),
+        "a tensor missing": body({k: v for k, v in good.items() if k != first}),
+        "an extra tensor": body({**good, "extra": np.zeros(3, np.float32)}, shapes={**shapes, "extra": [3]}),
+        "a wrong shape": body({**good, first: np.zeros((2, 2), np.float32)}, shapes={**shapes, first: [2, 2]}),
+        "recorded shapes lie": body(shapes={**shapes, first: [1]}),
+        "float16": body({**good, first: good[first].astype(np.float16)}),
+        "NaN": body({**good, first: np.where(np.arange(good[first].size).reshape(good[first].shape) == 3, np.nan,
+                                               good[first]).astype(np.float32)}),
+        "huge values": body({**good, first: np.full(good[first].shape, 1e7, np.float32)}),
+    }
+
+
+def test_an_fp32_upload_checked_in_its_spool_file_is_refused_as_it_is_in_ram(tmp_path):
+    """The same statuses and messages from the chunked check of a spooled fp32 body as from the
+    whole body in memory, and nothing counted."""
+    from fastapi.testclient import TestClient
+
+    from coop.coordinator.app import create_app
+    from coop.coordinator.service import Coordinator
+    from coop.runconfig import parse_run_config
+
+    answers = {}
+    for where, options in (("ram", {}), ("disk", {"ram_for_updates_mb": 0})):
+        raw = {"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16},
+               "data": {"default_chars": 60_000, "shards": 2}, "rounds": {"eval_every": 0},
+               "coordinator": {"min_workers": 2, **options}}
+        coordinator = Coordinator(parse_run_config(raw), tmp_path / where, "tok")
+        with TestClient(create_app(coordinator)) as client:
+            info = client.post("/v1/join", json={"name": "w"}, headers={"Authorization": "Bearer tok"}).json()
+            auth = {"Authorization": f"Bearer {info['worker_token']}"}
+            for case, body in _bad_fp32_bodies(coordinator.weights).items():
+                response = client.put("/v1/rounds/0/update", content=body, headers=auth)
+                answers.setdefault(case, []).append((response.status_code, response.json().get("detail", "")))
+            assert coordinator.aggregator.count == 0 and coordinator.machine.round.reports == {}
+            assert coordinator.budget.used == 0
+    for case, (in_ram, on_disk) in answers.items():
+        assert in_ram[0] in (400, 413, 422), (case, in_ram)
+        assert on_disk[0] == in_ram[0], (case, in_ram, on_disk)
+        if case != "NaN":  # (in RAM it also counts them)
+            assert on_disk[1] == in_ram[1], (case, in_ram, on_disk)
+
+
+def test_a_vector_in_segments_of_a_body_reads_any_range_across_them(tmp_path):
+    body = Spool(tmp_path).body()
+    data = np.arange(20, dtype=np.float32)
+    body.write(b"headerXY" + data.tobytes())  # the vector is [12:20] then [0:12] of the data
+    vector = body.as_vector([(0, 8 + 4 * 12, 8), (8, 8, 12)], 20)
+    body.close()  # the file is the vector's now
+    expected = np.concatenate([data[12:], data[:12]])
+    for start in range(20):
+        for stop in range(start, 21):
+            np.testing.assert_array_equal(vector[start:stop], expected[start:stop])
+    vector.close()
