@@ -9,7 +9,7 @@ silently, and every error names the field (`coordinator.min_deadline_s: ...`).
                   directory to start from (coop.init_from)
     [data]        path = "default" (Python's stdlib source) or a text file; tokenizer = "char" | "bpe"
     [inner]       steps = K and the inner optimizer of every worker/peer (coop.replica.InnerConfig)
-    [outer]       Nesterov SGD on the global weights (coop.diloco.NesterovSGD)
+    [outer]       Nesterov SGD on the global weights (coop.outer.NesterovSGD)
     [compression] the codec pseudo-gradients travel with (coop.codec)
     [rounds]      how many outer rounds, and evaluation
     [coordinator] read only in HTTP mode: quorum, deadlines, timeouts, robust aggregation, size limits
@@ -39,8 +39,8 @@ from pydantic import (
 )
 
 from coop.codec import Codec, get_codec
-from coop.diloco import (DEFAULT_CLIP_FACTOR, DEFAULT_MIN_CONTRIBUTIONS, DEFAULT_RULE, DEFAULT_TRIM_FRACTION,
-                         NesterovSGD)
+from coop.diloco import DEFAULT_CLIP_FACTOR, DEFAULT_MIN_CONTRIBUTIONS, DEFAULT_RULE, DEFAULT_TRIM_FRACTION
+from coop.outer import NesterovSGD
 from coop.replica import InnerConfig
 from engine.data import BPETokenizer, CharTokenizer, default_corpus
 from engine.nn import GPTConfig

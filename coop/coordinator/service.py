@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ from coop.diloco import Aggregator, PreparedUpdate, global_norm, shapes_of
 from coop.memory import give_back_free_memory
 from coop.replica import weights_of
 from coop.runconfig import RunConfig
-from coop.spool import MemoryBudget, Spool, SpooledBody, available_memory
+from coop.spool import MemoryBudget, Spool, SpooledBody
 from coop.streaming import fragment_of_round, fragments
-from coop.wire import Laid, lay_out, pack, spec_of
+from coop.wire import spec_of
 from engine.nn import GPT
 
 from .data import RunData, prepare_data
@@ -38,7 +37,8 @@ from .persist import Checkpointer
 from .status import status_of
 from .rounds import DeadlinePolicy, Phase, Report, RoundMachine, StaleRound
 from .state import load_run, make_private_dir, make_private_tree, save_members, save_round
-from .updates import RequestError, check_spooled_fp32_update, check_update, default_update_limit
+from .served import body_of, copy_into, lay_out_weights
+from .updates import RequestError, decode_upload, default_update_limit, ram_budget_bytes, spool_full
 
 log = logging.getLogger("coop.coordinator")
 
@@ -78,8 +78,8 @@ class Coordinator:
             self.members = Members.from_json(saved.members, now) if saved.members else Members(config.data.shards)
             first_round = saved.round
         self.specs = spec_of(self.weights)
-        self.laid = self._lay_out_weights(first_round)
-        self.weights = self._copy_into(self.laid.tensors, self.weights)  # views of the body GET /v1/weights serves
+        self.laid = lay_out_weights(self.specs, self.model_config, first_round)  # the weights: views of the body served
+        self.weights = copy_into(self.laid.tensors, self.weights)
         self.shapes = shapes_of(self.weights)
         self.n_params = sum(a.size for a in self.weights.values())
         self.max_update_bytes = config.coordinator.max_update_bytes or default_update_limit(self.n_params, len(self.weights))
@@ -90,10 +90,8 @@ class Coordinator:
         self.part_shapes = [{n: self.shapes[n] for n in part} for part in self.parts]
         self.part_specs = [spec_of({n: self.weights[n] for n in part}) for part in self.parts]
         # uploads and the robust rules' kept updates: in RAM while they fit the budget, else in the spool
-        self.spool = Spool(self.state_dir / "spool")
-        self.budget = MemoryBudget(ram_budget_bytes(c.ram_for_updates_mb))
-        log.info("uploads and the round's kept updates in RAM up to %.0f MB, past that in %s",
-                 self.budget.limit / 1e6, self.spool.directory)
+        self.spool, self.budget = Spool(self.state_dir / "spool"), MemoryBudget(ram_budget_bytes(c.ram_for_updates_mb))
+        log.info("uploads and kept updates in RAM up to %.0f MB, then in %s", self.budget.limit / 1e6, self.spool.directory)
         self.aggregators = [Aggregator(shapes, **c.aggregator_options(), spool=self.spool, budget=self.budget)
                             for shapes in self.part_shapes]
         k = config.compression  # the compressed downlink keeps the workers' view (V = G on a restart)
@@ -119,7 +117,7 @@ class Coordinator:
         else:
             log.info("resumed from %s at round %d (%d workers known)", self.state_dir, first_round,
                      len(self.members.workers))
-        self.weights_body = self._body_of(self.laid, self.machine.number)
+        self.weights_body = body_of(self.laid, self.downlink, self.model_config, self.machine.number)
         self.checkpointer = Checkpointer(self.state_dir)
         self.metrics.round.set(self.machine.number)
         # created on the event loop in start()
@@ -284,28 +282,6 @@ class Coordinator:
         return info
 
     # -- downloads ---------------------------------------------------------------------------------
-    # The global weights are views of the buffer GET /v1/weights serves (coop.wire.lay_out): one
-    # copy of the model for both. Each close computes the next round's weights into a new buffer,
-    # so a download still reading this round's body never sees them change.
-    def _weights_metadata(self, round_number: int) -> dict[str, Any]:
-        return {"round": round_number, "model": asdict(self.model_config)}
-
-    def _lay_out_weights(self, round_number: int) -> Laid:
-        return lay_out(self.specs, self._weights_metadata(round_number))
-
-    @staticmethod
-    def _copy_into(target: dict[str, np.ndarray], source: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        for name, array in target.items():
-            array[...] = source[name]
-        return target
-
-    def _body_of(self, laid: Laid, round_number: int) -> memoryview | bytes:
-        """What GET /v1/weights serves for the round: the weights' own buffer, or with the
-        compressed downlink the view the workers hold, packed."""
-        if self.downlink is None:
-            return laid.body
-        return pack(self.downlink.view, self._weights_metadata(round_number))
-
     def count_download(self, record: WorkerRecord | None, nbytes: int, what: str) -> None:
         if record is not None:
             record.bytes_down += nbytes
@@ -340,23 +316,11 @@ class Coordinator:
 
     def decode_update(self, body: bytes | bytearray | SpooledBody, round_number: int,
                       gpus: int = 1) -> tuple[PreparedUpdate, dict]:
-        """In a thread, beside the other uploads: the checked update, ready for its aggregator. A
-        worker of G GPUs (`--gpus`) may claim G x K x B x T tokens."""
+        """In a thread, beside the other uploads: the checked update (a worker of G GPUs may claim G x K x B x T tokens)."""
         f = fragment_of_round(round_number, len(self.parts))  # a stale round's is refused by its number anyway
-        if isinstance(body, SpooledBody) and self.config.compression.codec == "fp32" and not self.aggregators[f].streaming:
-            # an fp32 update that came through the spool stays there: checked a chunk at a time, kept as its body file
-            vector, norm, meta = check_spooled_fp32_update(body, round_number, spec=self.part_specs[f],
-                                                           max_tokens=self.max_tokens * gpus, max_bytes=self.max_update_bytes)
-            return PreparedUpdate(vector, norm), meta
-        if isinstance(body, SpooledBody):
-            body = body.read()  # back in memory for the decode only (upload_slots bound how many at once)
-        update, meta = check_update(body, round_number, shapes=self.part_shapes[f], spec=self.part_specs[f],
-                                    codec=self.config.compression.codec, max_tokens=self.max_tokens * gpus,
-                                    max_bytes=self.max_update_bytes)
-        try:
-            return self.aggregators[f].prepare(update), meta
-        except ValueError as error:  # the aggregator's own checks
-            raise RequestError(422, f"update refused: {error}") from None
+        return decode_upload(body, round_number, self.aggregators[f], spec=self.part_specs[f],
+                             codec=self.config.compression.codec, max_tokens=self.max_tokens * gpus,
+                             max_bytes=self.max_update_bytes)
 
     async def submit_update(self, record: WorkerRecord, round_number: int,
                             body: bytes | bytearray | SpooledBody) -> dict[str, Any]:
@@ -436,7 +400,7 @@ class Coordinator:
         # in between: GET /v1/weights (which does not take the lock) must never pair the new round
         # number with the old body (a worker that gets such a pair gives up: "weights do not match")
         t2 = self.clock()
-        body = await asyncio.to_thread(self._body_of, self.laid, current.number + 1)
+        body = await asyncio.to_thread(body_of, self.laid, self.downlink, self.model_config, current.number + 1)
         self.machine.finish(self.clock())
         self.weights_body = body
         # what the workers wait for: the last checkpoint's write (if still going), the aggregation
@@ -471,16 +435,14 @@ class Coordinator:
         is written once the next round is open, coop.coordinator.persist). Raises
         (state untouched) if the aggregate is unusable; the weights only change once outer.step has checked it."""
         part = self.parts[self.fragment]
-        laid = self._lay_out_weights(current.number + 1)  # the next round's body; this round's is still served
+        laid = lay_out_weights(self.specs, self.model_config, current.number + 1)  # this round's is still served
         moved = laid.tensors
-        # the aggregate is computed into the new buffer (when the round's tensors lie in it back to
-        # back: the whole model) and the outer step overwrites it there with the new weights, chunk
-        # by chunk: one new copy of the model per close, not two
+        # the aggregate goes into the new buffer (where the part lies in it back to back), the step overwrites it there
         pseudo_grad = self.aggregator.result(out=laid.flat(part))
         pseudo_grad_norm = global_norm(pseudo_grad)  # before the step overwrites it
         lr = self.outer.current_lr()
         self.outer.step({n: self.weights[n] for n in part}, pseudo_grad, out={n: moved[n] for n in part})
-        self._copy_into({n: a for n, a in moved.items() if n not in part}, self.weights)  # other fragments
+        copy_into({n: a for n, a in moved.items() if n not in part}, self.weights)  # other fragments
         self.laid, self.weights = laid, moved
         if self.downlink is not None:
             self.downlink.after_step(self.weights, self.parts[self.fragment], current.number + 1)
@@ -532,21 +494,6 @@ class Coordinator:
     # -- status ----------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         return status_of(self)
-
-
-def ram_budget_bytes(megabytes: float | None) -> int:
-    """[coordinator] ram_for_updates_mb in bytes; None: half the memory available now."""
-    if megabytes is not None:
-        return int(megabytes * 1e6)
-    available = available_memory()
-    return available // 2 if available is not None else 1 << 30
-
-
-def spool_full(error: OSError) -> RequestError:
-    log.error("could not spool an upload (%s); free disk space in the state directory's spool/, "
-              "or raise [coordinator] ram_for_updates_mb", error)
-    return RequestError(503, f"the coordinator could not store this update ({error.strerror or error}); "
-                             "send it again later", headers={"Retry-After": "10"})
 
 
 def _fmt(value: float | None) -> str:

@@ -7,6 +7,7 @@ values). The rules on the update itself are `coop.contribution`'s, the same a pe
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -16,8 +17,12 @@ import numpy as np
 from coop.codec import codec_of
 from coop.codec.base import recorded_shapes
 from coop.contribution import MAX_ABS_VALUE, ContributionError, check_loss, check_tokens, decode_pseudo_gradient
-from coop.spool import SpooledBody, SpooledVector
+from coop.diloco import Aggregator, PreparedUpdate
+from coop.spool import SpooledBody, SpooledVector, available_memory
 from coop.wire import TensorSpec, WireError, check_metadata, dtype_of_tag, header_length, parse_header, unpack
+
+
+log = logging.getLogger("coop.coordinator")
 
 
 class RequestError(Exception):
@@ -44,6 +49,25 @@ def check_update(body: bytes | bytearray, round_number: int, *, shapes: Mapping[
         raise RequestError(422, str(error)) from None
     del tensors
     return update, meta
+
+
+def decode_upload(body: bytes | bytearray | SpooledBody, round_number: int, aggregator: Aggregator, *,
+                  spec: Mapping[str, TensorSpec], codec: str, max_tokens: int, max_bytes: int) -> tuple[PreparedUpdate, dict]:
+    """An upload (in memory, or spooled) -> the checked update, prepared for `aggregator`, and its
+    metadata. An fp32 update that came through the spool stays there: checked a chunk at a time,
+    kept as its body's file. RequestError 400 or 422."""
+    if isinstance(body, SpooledBody) and codec == "fp32" and not aggregator.streaming:
+        vector, norm, meta = check_spooled_fp32_update(body, round_number, spec=spec, max_tokens=max_tokens,
+                                                       max_bytes=max_bytes)
+        return PreparedUpdate(vector, norm), meta
+    if isinstance(body, SpooledBody):
+        body = body.read()  # back in memory for the decode only (upload_slots bound how many at once)
+    update, meta = check_update(body, round_number, shapes=aggregator.shapes, spec=spec, codec=codec,
+                                max_tokens=max_tokens, max_bytes=max_bytes)
+    try:
+        return aggregator.prepare(update), meta
+    except ValueError as error:  # the aggregator's own checks
+        raise RequestError(422, f"update refused: {error}") from None
 
 
 def check_update_metadata(meta: Mapping[str, Any], round_number: int, *, codec: str, max_tokens: int) -> None:
@@ -122,3 +146,18 @@ def default_update_limit(n_params: int, n_tensors: int) -> int:
     """Largest honest update: fp32 values (the largest codec except topk with ratio near 1, which
     sends 8 bytes per kept value) plus the safetensors header, with some slack."""
     return 8 * n_params + 512 * n_tensors + 65536
+
+
+def ram_budget_bytes(megabytes: float | None) -> int:
+    """[coordinator] ram_for_updates_mb in bytes; None: half the memory available now."""
+    if megabytes is not None:
+        return int(megabytes * 1e6)
+    available = available_memory()
+    return available // 2 if available is not None else 1 << 30
+
+
+def spool_full(error: OSError) -> RequestError:
+    log.error("could not spool an upload (%s); free disk space in the state directory's spool/, "
+              "or raise [coordinator] ram_for_updates_mb", error)
+    return RequestError(503, f"the coordinator could not store this update ({error.strerror or error}); "
+                             "send it again later", headers={"Retry-After": "10"})

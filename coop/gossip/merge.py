@@ -36,7 +36,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from coop.diloco import NesterovSGD, aggregate
+from coop.diloco import aggregate
+from coop.outer import NesterovSGD
 
 Weights = Mapping[str, np.ndarray]
 

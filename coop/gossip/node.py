@@ -16,7 +16,7 @@ import numpy as np
 from coop import __version__
 from coop.codec import Codec
 from coop.contribution import max_tokens_of
-from coop.diloco import NesterovSGD
+from coop.outer import NesterovSGD
 from coop.gossip.identity import Identity, card_bytes, verify
 from coop.gossip.inbox import Inbox, InboxRefusal
 from coop.gossip.membership import Membership

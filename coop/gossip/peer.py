@@ -29,7 +29,7 @@ import numpy as np
 import engine
 from coop import launch
 from coop.data_parallel import run_rank
-from coop.diloco import NesterovSGD
+from coop.outer import NesterovSGD
 from coop.gossip.identity import Identity, verify
 from coop.gossip.membership import Membership
 from coop.gossip.node import PeerState

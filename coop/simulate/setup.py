@@ -11,7 +11,8 @@ import engine
 from engine.data import CharTokenizer, TokenDataset, default_corpus, encode_corpus_in_memory
 from engine.nn import GPT, GPTConfig
 
-from ..diloco import NesterovSGD, Weights
+from ..diloco import Weights
+from ..outer import NesterovSGD
 from ..replica import InnerConfig, Replica
 from ..training import load_weights, weights_of
 from .config import SimulateConfig

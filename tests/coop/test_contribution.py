@@ -9,7 +9,8 @@ import pytest
 from coop.codec import get_codec
 from coop.contribution import MAX_ABS_VALUE, ContributionError, check_arrays, check_tokens, max_tokens_of
 from coop.coordinator.updates import RequestError, check_update
-from coop.diloco import NesterovSGD, aggregate
+from coop.diloco import aggregate
+from coop.outer import NesterovSGD
 from coop.gossip.identity import Identity
 from coop.gossip.merge import merge_and_step
 from coop.gossip.payload import parse_update, sign_tensors

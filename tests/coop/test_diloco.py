@@ -5,14 +5,13 @@ import pytest
 
 from coop.diloco import (
     Aggregator,
-    NesterovSGD,
     aggregate,
     clip_by_global_norm,
     global_norm,
-    plain_averaging,
     pseudo_gradient,
     shapes_of,
 )
+from coop.outer import NesterovSGD, plain_averaging
 from coop.wire import pack, unpack
 
 SHAPES = {"wte.weight": (11, 4), "h.0.mlp.c_fc.bias": (16,), "scalar": ()}

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from coop.diloco import NesterovSGD, aggregate
+from coop.diloco import aggregate
+from coop.outer import NesterovSGD
 from coop.gossip.merge import (
     consensus_distance,
     exchange_bytes_per_replica,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from coop import simulate as sim
-from coop.diloco import NesterovSGD
+from coop.outer import NesterovSGD
 from coop.streaming import fragment_of_round, fragments
 from coop.training import load_weights
 
