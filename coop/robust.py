@@ -46,10 +46,11 @@ def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[Flat],
     core. Returns the (size,) float32 result (in `out` if given); with `reduce`, the rule returns a
     fixed-size vector per chunk (partial sums) and their sum (float64) is returned instead."""
     size = flats[0].size
+    clipped = bool(np.any(scales != 1))
 
     def one(start: int) -> np.ndarray:
         stack = rows(flats, start, min(start + CHUNK, size))  # (N, chunk) float32, a copy
-        if np.any(scales != 1):
+        if clipped:
             stack *= scales[:, None]
         return rule(stack)
 

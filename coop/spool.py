@@ -30,6 +30,12 @@ import numpy as np
 _WRITE_CHUNK = 16 << 20  # bytes per write(): a tensor converted to float32 is never copied whole
 
 
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view.nbytes:
+        view = view[os.write(fd, view):]
+
+
 def _pread_into(fd: int, view: memoryview, offset: int) -> None:
     while view.nbytes:
         n = os.preadv(fd, [view], offset)
@@ -85,10 +91,8 @@ class SpooledBody:
         self.size = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        view = memoryview(data).cast("B")
-        self.size += view.nbytes
-        while view.nbytes:
-            view = view[os.write(self._file.fileno(), view):]
+        self.size += memoryview(data).nbytes
+        _write_all(self._file.fileno(), data)
 
     def read(self) -> bytearray:
         return self.read_range(0, self.size)
@@ -143,10 +147,7 @@ class Spool:
                 flat = np.asarray(tensor).reshape(-1)
                 step = _WRITE_CHUNK // 4
                 for start in range(0, flat.size, step):
-                    part = np.ascontiguousarray(flat[start : start + step], dtype=np.float32)
-                    view = memoryview(part).cast("B")
-                    while view.nbytes:
-                        view = view[os.write(file.fileno(), view):]
+                    _write_all(file.fileno(), np.ascontiguousarray(flat[start : start + step], dtype=np.float32))
                 size += flat.size
             return SpooledVector(file, size)
         except BaseException:
