@@ -17,8 +17,8 @@ import engine
 from engine.data import TokenDataset
 from engine.nn import GPT, GPTConfig
 
-from .diloco import pseudo_gradient
-from .training import TrainStep, evaluate, fixed_windows, load_weights, make_optimizer, weights_of
+from .training import Evaluation, TrainStep, evaluate, fixed_windows, load_weights, make_optimizer, parameters_for, \
+    to_device, to_host, weights_of
 
 
 @dataclass
@@ -78,9 +78,13 @@ class Replica:
                                        precision=c.precision, grad_clip=c.grad_clip, graph=graph)
         self.tokens_seen = 0
         self.step_callback: Callable[[int], None] | None = None  # after each inner step, with its tokens (progress)
-        self.anchor: dict[str, np.ndarray] = {}  # global weights last loaded: what deltas are taken against
-        self.sent_at: dict[str, np.ndarray] = {}  # local weights when last sent, until their merge is loaded
-        self._eval_model: GPT | None = None  # evaluate_weights' own copy, made on first use
+        # on the replica's device, so that a round's end and a merge's load are device work and one copy
+        # each way (on a GPU, host numpy on the model's every number was most of a round's own overhead)
+        self.anchor: dict[str, engine.Tensor] = {}  # global weights last loaded: what deltas are taken against
+        self.sent_at: dict[str, engine.Tensor] = {}  # local weights when last sent, until their merge is loaded
+        self.anchored: dict[str, np.ndarray] = {}  # the host arrays the anchor was loaded from (not copies)
+        self.graph = graph
+        self._evaluation: Evaluation | None = None  # evaluate_weights' own copy of the model, made on first use
 
     @property
     def step(self) -> int:
@@ -121,12 +125,19 @@ class Replica:
         """`evaluate` of other weights (e.g. the global ones), on a second copy of the model made for
         it (on the replica's device, no optimizer state): the replica's own weights are never
         touched, nor copied back and forth (on a GPU that is the slow part of an evaluation)."""
-        if self._eval_model is None:
+        if self._evaluation is None:
             state = engine.random.get_rng_state()  # its initial weights are overwritten: keep the RNG stream as it was
-            self._eval_model = GPT(self.model.config).to(self.device)
+            model = GPT(self.model.config).to(self.device)
             engine.random.set_rng_state(state)
-        load_weights(self._eval_model, weights)
-        return evaluate(self._eval_model, self._windows(data, batches, part), self.device, self.inner.precision)
+            self._evaluation = Evaluation(model, self.device, self.inner.precision, graph=self.graph)
+        model = self._evaluation.model
+        if self.anchored and all(self.anchored.get(n) is a for n, a in weights.items()) and len(weights) == len(self.anchor):
+            with engine.no_grad():  # the global weights last loaded (a worker's usual case): copied on the device
+                for name, p in model.named_parameters():
+                    p.copy_(self.anchor[name])
+        else:
+            load_weights(model, weights)  # in place: a captured forward stays valid
+        return self._evaluation(self._windows(data, batches, part))
 
     def run_round(self, global_weights: dict[str, np.ndarray] | None, inner_steps: int, *,
                   merged: Collection[str] | None = None, send: Collection[str] | None = None,
@@ -179,31 +190,39 @@ class Replica:
         self.apply_merge({n: global_weights[n] for n in names}, keep_progress=apply_after > 0)
         losses += [self.train_step() for _ in range(inner_steps - apply_after)]
         losses = [float(v) for v in engine.stack(losses).numpy()] if losses else []  # one sync per round
-        local = self.weights()
-        sent = list(local) if send is None else list(send)
-        delta = pseudo_gradient({n: self.anchor[n] for n in sent}, {n: local[n] for n in sent})
-        self.sent_at = {n: local[n] for n in sent}
+        delta = self.pseudo_gradient(send)
         return RoundResult(delta, inner_steps * self.inner.batch_size * self.inner.block_size, losses,
                            time.perf_counter() - start, waited)
 
+    def pseudo_gradient(self, send: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        """anchor - local for the tensors sent (all, or a streaming fragment), in float32, with the
+        sign of a gradient; computed on the device and copied to the host once. The local weights
+        are kept (on the device) as those sent, for the merge that answers them."""
+        params = dict(self.model.named_parameters())
+        sent = list(params) if send is None else list(send)
+        with engine.no_grad():
+            delta = to_host({n: self.anchor[n] - params[n] for n in sent})
+            self.sent_at = {n: params[n].detach().clone() for n in sent}
+        return delta
+
     def apply_merge(self, global_weights: dict[str, np.ndarray], keep_progress: bool = False) -> None:
         """Load merged global weights (all or a fragment) and make them the anchor of the next
-        pseudo-gradient; with keep_progress, the steps taken since sending are added on top."""
-        if keep_progress:
-            local = self.weights()
-            loaded = {n: w + (local[n] - self.sent_at[n]) if n in self.sent_at else w
-                      for n, w in global_weights.items()}
-        else:
-            loaded = global_weights
-        load_weights(self.model, loaded, partial=True)
-        for name, weight in global_weights.items():
-            self.anchor[name] = np.array(weight, dtype=np.float32)  # a copy: the caller's arrays move on
-            self.sent_at.pop(name, None)
+        pseudo-gradient; with keep_progress, the steps taken since sending are added on top:
+        local <- global + (local - local when sent), on the device after one copy there."""
+        params = parameters_for(self.model, global_weights, partial=True)  # names and shapes checked first
+        merged = to_device(global_weights, self.device)  # copies: the caller's arrays move on
+        with engine.no_grad():
+            for name, weight in merged.items():
+                sent = self.sent_at.pop(name, None)
+                p = params[name]
+                p.copy_(weight + (p - sent) if keep_progress and sent is not None else weight)
+                self.anchor[name] = weight
+                self.anchored[name] = global_weights[name]  # what evaluate_weights may be asked about again
 
     def reset_anchor(self) -> None:
         """Forget the anchor and what was sent: the next round loads every global weight (a replica
         that missed merges, or rejoined, must not take a pseudo-gradient against stale weights)."""
-        self.anchor, self.sent_at = {}, {}
+        self.anchor, self.sent_at, self.anchored = {}, {}, {}
 
     def evaluate(self, data: TokenDataset, batches: int = 8, part: tuple[int, int] = (0, 1)) -> float:
         """Mean loss of the replica's own weights over `batches` fixed random windows of `data` (the

@@ -8,7 +8,7 @@ it, so the two never drift apart. `evaluate` is the one validation loss both rep
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -31,27 +31,49 @@ def autocast_for(device: str, precision: str = "auto"):
 
 
 def weights_of(model: engine.nn.Module) -> dict[str, np.ndarray]:
-    """Every trained tensor of the model as float32 numpy, keyed by parameter name (tied weights once).
-    On a GPU in one copy to the host (one flat buffer): each copy waits for the device, and with
-    several processes sharing a GPU every wait costs a time slice."""
-    params = dict(model.named_parameters())
-    if not params or not _on_gpu(params):
-        return {name: np.array(p.numpy(), dtype=np.float32) for name, p in params.items()}
+    """Every trained tensor of the model as float32 numpy, keyed by parameter name (tied weights once)."""
+    return to_host(dict(model.named_parameters()))
+
+
+def to_host(tensors: Mapping[str, engine.Tensor]) -> dict[str, np.ndarray]:
+    """Tensors on any device -> float32 numpy copies of their own. On a GPU in one copy to the host
+    (views of one flat buffer): each copy waits for the device, and with several processes
+    sharing a GPU every wait costs a time slice."""
+    if not tensors or not _on_gpu(tensors):
+        return {name: np.array(t.numpy(), dtype=np.float32) for name, t in tensors.items()}
     with engine.no_grad():
-        flat = engine.cat([p.detach().reshape(-1) for p in params.values()]).numpy().astype(np.float32, copy=False)
+        flat = engine.cat([t.detach().reshape(-1) for t in tensors.values()]).numpy().astype(np.float32, copy=False)
     out, offset = {}, 0
-    for name, p in params.items():  # views of the one host buffer
-        out[name] = flat[offset : offset + p.numel()].reshape(p.shape)
-        offset += p.numel()
+    for name, t in tensors.items():  # views of the one host buffer
+        out[name] = flat[offset : offset + t.numel()].reshape(t.shape)
+        offset += t.numel()
     return out
 
 
-def _on_gpu(params: dict) -> bool:
-    return str(next(iter(params.values())).device).startswith("cuda")
+def to_device(arrays: Mapping[str, np.ndarray], device) -> dict[str, engine.Tensor]:
+    """float32 numpy arrays -> tensors of their own on `device` (the caller's arrays may move on).
+    On a GPU in one copy to the device (views of one flat buffer there), for the same reason."""
+    if not str(device).startswith("cuda"):
+        return {name: engine.tensor(np.asarray(a, dtype=np.float32), device=device) for name, a in arrays.items()}
+    host = np.concatenate([np.asarray(a, dtype=np.float32).reshape(-1) for a in arrays.values()]) if arrays \
+        else np.empty(0, np.float32)
+    flat = engine.tensor(host, device=device)
+    out, offset = {}, 0
+    for name, a in arrays.items():
+        size = int(np.size(a))
+        out[name] = flat[offset : offset + size].reshape(np.shape(a))
+        offset += size
+    return out
 
 
-def load_weights(model: engine.nn.Module, weights: dict[str, np.ndarray], partial: bool = False) -> None:
-    """Copy `weights` into the model's parameters: all of them, or (partial) the ones named."""
+def _on_gpu(tensors: Mapping) -> bool:
+    return str(next(iter(tensors.values())).device).startswith("cuda")
+
+
+def parameters_for(model: engine.nn.Module, weights: Mapping[str, np.ndarray],
+                   partial: bool = False) -> dict[str, engine.Tensor]:
+    """The model's parameters that `weights` would load (all of them, or with `partial` the ones
+    named), after checking names and shapes: KeyError or ValueError before anything is copied."""
     params = dict(model.named_parameters())
     if partial:
         unknown = sorted(set(weights) - set(params))
@@ -61,23 +83,22 @@ def load_weights(model: engine.nn.Module, weights: dict[str, np.ndarray], partia
     elif set(params) != set(weights):
         missing, extra = sorted(set(params) - set(weights)), sorted(set(weights) - set(params))
         raise KeyError(f"weights do not match the model: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, p in params.items():
+        if tuple(np.shape(weights[name])) != tuple(p.shape):
+            raise ValueError(f"weight {name!r} has shape {tuple(np.shape(weights[name]))}, the model's is {tuple(p.shape)}")
+    return params
+
+
+def load_weights(model: engine.nn.Module, weights: Mapping[str, np.ndarray], partial: bool = False) -> None:
+    """Copy `weights` into the model's parameters: all of them, or (partial) the ones named. On a
+    GPU one copy to the device, then device-side copies into each parameter (no wait in between)."""
+    params = parameters_for(model, weights, partial)
     if not params:
         return
+    loaded = to_device({name: weights[name] for name in params}, next(iter(params.values())).device)
     with engine.no_grad():
-        if not _on_gpu(params):
-            for name, p in params.items():
-                p.copy_(engine.tensor(weights[name], device=p.device))
-            return
         for name, p in params.items():
-            if tuple(np.shape(weights[name])) != tuple(p.shape):
-                raise ValueError(f"weight {name!r} has shape {tuple(np.shape(weights[name]))}, the model's is {tuple(p.shape)}")
-        # one copy to the device, then device-side copies into each parameter (no wait in between)
-        flat = engine.tensor(np.concatenate([np.asarray(weights[n], dtype=np.float32).reshape(-1) for n in params]),
-                             device=next(iter(params.values())).device)
-        offset = 0
-        for name, p in params.items():
-            p.copy_(flat[offset : offset + p.numel()].reshape(p.shape))
-            offset += p.numel()
+            p.copy_(loaded[name])
 
 
 def make_optimizer(model: engine.nn.Module, name: str, lr: float, weight_decay: float,
@@ -170,6 +191,34 @@ def evaluate(model: engine.nn.Module, batches: Iterable[tuple], device: str, pre
         losses = [model(_on(x, device), _on(y, device))[1] for x, y in batches]
     model.train(was_training)
     return float(engine.stack(losses).mean().item())
+
+
+class Evaluation:
+    """`evaluate` of one model that is evaluated again and again on windows of one shape (a
+    replica's copy for the global weights, reloaded in place each time): on a GPU each window's
+    forward pass is replayed as one captured CUDA graph, one launch where an eager pass makes
+    hundreds (each a wait for a time slice when several processes share the GPU); eager elsewhere,
+    or with graph=False. The model stays in eval mode (it is used for nothing else)."""
+
+    def __init__(self, model: engine.nn.Module, device: str, precision: str = "auto", graph: bool = True):
+        autocast_for(device, precision)  # a bad precision fails here
+        self.model, self.device, self.precision = model, device, precision
+        model.eval()
+        self.captured = engine.cuda.graphs.CapturedStep(self._loss, device=device) \
+            if graph and str(device).startswith("cuda") else None
+
+    def _loss(self, x: engine.Tensor, y: engine.Tensor) -> engine.Tensor:
+        with autocast_for(self.device, self.precision):
+            return self.model(x, y)[1]
+
+    @engine.no_grad()
+    def __call__(self, batches: Iterable[tuple]) -> float:
+        """Mean loss over the (x, y) batches (numpy or tensors): one wait for the device, at the end."""
+        if self.captured is not None:
+            losses = [self.captured(x, y) for x, y in batches]  # copied into the graph's inputs, one replay
+        else:
+            losses = [self._loss(_on(x, self.device), _on(y, self.device)) for x, y in batches]
+        return float(engine.stack(losses).mean().item())
 
 
 def fixed_windows(data: TokenDataset, batches: int, batch_size: int, block_size: int, seed: int):

@@ -87,7 +87,7 @@ def test_a_replica_loads_only_the_merged_fragment_and_sends_only_its_own(setup):
     after = replica.weights()
     for n in parts[0]:
         np.testing.assert_array_equal(after[n], merged[n], err_msg=n)  # loaded
-        np.testing.assert_array_equal(replica.anchor[n], merged[n], err_msg=n)
+        np.testing.assert_array_equal(replica.anchor[n].numpy(), merged[n], err_msg=n)
     for n in parts[1]:
         np.testing.assert_array_equal(after[n], before[n], err_msg=n)  # trained on, untouched
         # its pseudo-gradient is against the weights it was last loaded with: the initial ones
@@ -99,7 +99,7 @@ def test_overlap_keeps_the_steps_taken_since_sending(setup):
     cfg = setup.cfg
     replica = sim.new_replica(setup, setup.shards[0], sim.inner_config(cfg, cfg.batch_size, 100), 6)
     replica.run_round(setup.initial, 3)
-    sent = {n: w.copy() for n, w in replica.sent_at.items()}
+    sent = {n: w.numpy().copy() for n, w in replica.sent_at.items()}
     for _ in range(2):  # the steps of the next round taken before the merge arrives
         replica.train_step()
     now = replica.weights()
@@ -109,7 +109,7 @@ def test_overlap_keeps_the_steps_taken_since_sending(setup):
     moved = 0.0
     for n in merged:
         np.testing.assert_allclose(after[n], merged[n] + (now[n] - sent[n]), atol=1e-6, err_msg=n)
-        np.testing.assert_array_equal(replica.anchor[n], merged[n], err_msg=n)
+        np.testing.assert_array_equal(replica.anchor[n].numpy(), merged[n], err_msg=n)
         moved = max(moved, float(np.abs(now[n] - sent[n]).max()))
     assert moved > 1e-4 and not replica.sent_at  # the two steps really moved it; nothing left pending
 

@@ -57,3 +57,51 @@ def test_a_captured_step_trains_on_loaded_weights():
     load_weights(model, loaded)
     step(x, y)  # lr 0: the weights stay what was loaded
     assert all(np.all(a == 0) for a in weights_of(model).values())
+
+
+def _replica(device: str):
+    from coop.replica import InnerConfig, Replica
+    from engine.data import TokenDataset
+
+    data = TokenDataset(np.random.default_rng(0).integers(0, 50, 4000))
+    return Replica(CFG, data, InnerConfig(batch_size=2, block_size=16, warmup_steps=1), device=device, seed=0), data
+
+
+def test_a_gpu_replicas_round_end_and_merge_are_the_host_formulas_bit_for_bit():
+    # pseudo-gradient = anchor - local and local <- global + (local - sent) run on the device now
+    replica, _ = _replica("cuda")
+    start = weights_of(replica.model)
+    replica.load_global(start)
+    for _ in range(3):
+        replica.train_step()
+    local = weights_of(replica.model)
+    delta = replica.pseudo_gradient()
+    for name in start:
+        np.testing.assert_array_equal(delta[name], start[name] - local[name], err_msg=name)
+    for _ in range(2):  # steps taken after sending, kept on top of the merge
+        replica.train_step()
+    now = weights_of(replica.model)
+    merged = {n: w - np.float32(0.25) for n, w in start.items()}
+    replica.apply_merge(merged, keep_progress=True)
+    after = weights_of(replica.model)
+    for name in merged:
+        np.testing.assert_array_equal(after[name], merged[name] + (now[name] - local[name]), err_msg=name)
+        np.testing.assert_array_equal(replica.anchor[name].numpy(), merged[name], err_msg=name)
+    assert not replica.sent_at
+
+
+def test_the_captured_evaluation_gives_the_eager_loss_and_follows_reloaded_weights():
+    replica, data = _replica("cuda")
+    eager, _ = _replica("cuda")
+    eager.graph = False
+    first = weights_of(replica.model)
+    second = {n: w * np.float32(0.9) for n, w in first.items()}
+    for weights in (first, second, first, second):  # warm-up, capture, then replays of reloaded weights
+        got = replica.evaluate_weights(weights, data, batches=3)
+        want = eager.evaluate_weights(weights, data, batches=3)
+        assert abs(got - want) <= 1e-6 * abs(want), (got, want)
+    assert replica._evaluation.captured is not None and replica._evaluation.captured.captured
+    assert eager._evaluation.captured is None
+    replica.load_global(second)  # the anchored weights: copied into the evaluation's model on the device
+    got = replica.evaluate_weights(second, data, batches=3)
+    assert abs(got - eager.evaluate_weights(second, data, batches=3)) <= 1e-6 * abs(got)

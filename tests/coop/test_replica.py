@@ -1,0 +1,53 @@
+"""coop.replica on the CPU backend: a round's end and a merge's load are the host formulas bit for
+bit (computed where the model lives), and evaluating the weights last loaded takes the anchor's
+copy without changing the answer. tests/cuda/test_weights_transfer_gpu.py checks the same on a GPU."""
+from __future__ import annotations
+
+import numpy as np
+
+from coop.replica import InnerConfig, Replica
+from coop.training import weights_of
+from engine.data import TokenDataset
+from engine.nn import GPTConfig
+
+CFG = GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+
+
+def make_replica() -> tuple[Replica, TokenDataset]:
+    data = TokenDataset(np.random.default_rng(0).integers(0, 50, 4000))
+    return Replica(CFG, data, InnerConfig(batch_size=2, block_size=16, warmup_steps=1), seed=0), data
+
+
+def test_the_round_end_and_the_merge_are_the_host_formulas_bit_for_bit():
+    replica, _ = make_replica()
+    start = weights_of(replica.model)
+    replica.load_global(start)
+    for _ in range(3):
+        replica.train_step()
+    local = weights_of(replica.model)
+    delta = replica.pseudo_gradient()
+    for name in start:
+        assert delta[name].dtype == np.float32
+        np.testing.assert_array_equal(delta[name], start[name] - local[name], err_msg=name)
+    replica.train_step()  # a step after sending, kept on top of the merge
+    now = weights_of(replica.model)
+    merged = {n: w - np.float32(0.25) for n, w in start.items()}
+    replica.apply_merge(merged, keep_progress=True)
+    for name, w in weights_of(replica.model).items():
+        np.testing.assert_array_equal(w, merged[name] + (now[name] - local[name]), err_msg=name)
+    loaded = {n: w.copy() for n, w in merged.items()}
+    for name, array in merged.items():
+        array += 1  # the caller's arrays move on: the anchor is a copy of its own
+        np.testing.assert_array_equal(replica.anchor[name].numpy(), loaded[name], err_msg=name)
+
+
+def test_the_weights_last_loaded_evaluate_as_a_copy_of_them_does():
+    replica, data = make_replica()
+    weights = {n: w * np.float32(0.9) for n, w in weights_of(replica.model).items()}
+    replica.load_global(weights)
+    for _ in range(2):
+        replica.train_step()  # the replica's own weights move on; the global ones stay what was loaded
+    anchored = replica.evaluate_weights(weights, data, batches=2)  # from the anchor
+    copied = replica.evaluate_weights({n: w.copy() for n, w in weights.items()}, data, batches=2)  # loaded
+    assert anchored == copied
+    assert replica.evaluate_weights(weights_of(replica.model), data, batches=2) != anchored
