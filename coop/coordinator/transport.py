@@ -171,7 +171,7 @@ class HttpTransport:
         body = response.content
         self.client.bytes_down += len(body)
         try:
-            tensors, meta = unpack(body)
+            tensors, meta = unpack(body, copy=False)  # read-only views of the body: only ever read
             if "X-Coop-Since" in response.headers:  # the change from the round we hold: apply it
                 tensors = self.apply_delta(tensors, meta, int(response.headers["X-Coop-Since"]))
         except WireError as error:
