@@ -13,6 +13,7 @@ from coop.threads import parallel_map
 from coop.wire import WireError
 
 Shapes = Mapping[str, tuple[int, ...]]
+PIECE = 1 << 22  # elements of a piece of a large tensor, for the codecs that encode in pieces (Codec.piece_elements)
 
 
 @dataclass
@@ -47,22 +48,44 @@ class Codec:
 
     def encode(self, update: Mapping[str, np.ndarray]) -> Encoded:
         """Encode a dict of float arrays; refuses non-finite values (a diverged replica)."""
-        def one(item: tuple[str, Any]) -> list[np.ndarray]:  # a tensor's own work (its own residual, if any)
-            name, array = item
-            x = np.asarray(array, dtype=np.float32)
+        arrays = {name: np.asarray(array, dtype=np.float32) for name, array in update.items()}
+        piece = self.piece_elements()
+
+        def spans(size: int) -> list[tuple[int | None, int]]:  # [(None, size)]: the whole tensor
+            if not piece or size <= piece:
+                return [(None, size)]
+            return [(start, min(start + piece, size)) for start in range(0, size, piece)]
+
+        # the work items: whole tensors, or block-aligned pieces of the large ones, so that one big
+        # tensor (GPT-2's 38.6M-element embedding) is not one core's work while the others idle
+        items = [(name, start, stop) for name, x in arrays.items() for start, stop in spans(x.size)]
+
+        def one(item: tuple[str, int | None, int]) -> list[np.ndarray]:  # a tensor's own work (its residual, if any)
+            name, start, stop = item
+            x = arrays[name] if start is None else arrays[name].reshape(-1)[start:stop]
             if not np.isfinite(x).all():
                 raise ValueError(f"tensor {name!r} has NaN/inf values; refusing to encode a diverged update")
             return self._encode_one(name, x)
 
-        # the tensors on every core: a 124M-parameter update is ~1 s of numpy on one
-        encoded = parallel_map(one, update.items(), sum(int(np.size(a)) for a in update.values()))
+        # on every core: a 124M-parameter update is ~1 s of numpy on one
+        encoded = parallel_map(one, items, sum(x.size for x in arrays.values()))
+        pieces: dict[str, list[list[np.ndarray]]] = {}
+        for (name, _, _), parts in zip(items, encoded):
+            pieces.setdefault(name, []).append(parts)
         tensors: dict[str, np.ndarray] = {}
-        shapes: dict[str, list[int]] = {}
-        for (name, array), parts in zip(update.items(), encoded):
+        for name, parts_of_pieces in pieces.items():
+            parts = parts_of_pieces[0] if len(parts_of_pieces) == 1 else \
+                [np.concatenate(same) for same in zip(*parts_of_pieces)]  # each suffix's pieces, in order
             for suffix, part in zip(self.suffixes, parts):
                 tensors[name + suffix] = part
-            shapes[name] = list(np.shape(array))
+        shapes = {name: list(x.shape) for name, x in arrays.items()}
         return Encoded(tensors, {"codec": self.name, "options": self.options(), "shapes": shapes})
+
+    def piece_elements(self) -> int:
+        """0, or the size of the pieces a large tensor may be encoded in, each on its own: for a
+        codec whose arrays are flat and blockwise (a multiple of its block size), where the pieces'
+        arrays put end to end are the whole tensor's encoding, bit for bit."""
+        return 0
 
     def decode(
         self, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any], expected_shapes: Shapes | None = None,

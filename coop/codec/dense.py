@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import Codec, _expect, check_block_size, check_scales, dequantize_blocks, quantize_blocks
+from .base import PIECE, Codec, _expect, check_block_size, check_scales, dequantize_blocks, quantize_blocks
 
 
 class FP32Codec(Codec):
@@ -119,6 +119,9 @@ class Int8Codec(Codec):
 
     def _encode_one(self, name, x):
         return list(quantize_blocks(x.reshape(-1), self.block_size, 127))
+
+    def piece_elements(self):
+        return max(1, PIECE // self.block_size) * self.block_size  # whole blocks: codes and scales concatenate
 
     def _decode_one(self, name, shape, parts):
         codes, scale = parts

@@ -370,3 +370,27 @@ def test_decode_without_copy_gives_the_same_values_and_fp32_the_received_arrays(
         np.testing.assert_array_equal(viewed[key], copied[key])
         assert not any(np.shares_memory(copied[key], t) for t in tensors.values())
         assert any(np.shares_memory(viewed[key], t) for t in tensors.values()) == (name == "fp32")
+
+
+@pytest.mark.parametrize("block_size", [256, 7])
+def test_int8_encodes_large_tensors_in_pieces_that_join_into_the_whole_encoding(monkeypatch, block_size):
+    # a tensor larger than a piece is encoded piece by piece on the pool's threads; the pieces' codes
+    # and scales put end to end must be the one-piece encoding bit for bit (pieces are whole blocks)
+    import coop.codec.dense as dense
+
+    rng = np.random.default_rng(3)
+    update = {"big": (rng.standard_normal((301, 97)) * 1e-2).astype(np.float32),  # 29197: no whole number of pieces
+              "small": rng.standard_normal(5).astype(np.float32)}
+    whole = Int8Codec(block_size).encode(update)
+    monkeypatch.setattr(dense, "PIECE", 1000)
+    codec = Int8Codec(block_size)
+    assert 0 < codec.piece_elements() < update["big"].size and codec.piece_elements() % block_size == 0
+    pieces = codec.encode(update)
+    assert pieces.metadata == whole.metadata and list(pieces.tensors) == list(whole.tensors)
+    for name, array in whole.tensors.items():
+        assert pieces.tensors[name].dtype == array.dtype
+        np.testing.assert_array_equal(pieces.tensors[name], array, err_msg=name)
+    bad = dict(update, big=update["big"].copy())
+    bad["big"][-1, -1] = np.nan  # in the last piece
+    with pytest.raises(ValueError, match="'big' has NaN"):
+        codec.encode(bad)
