@@ -1,11 +1,14 @@
-// engine._C: the extension module. Always built (C++ only: build_info); the CUDA backend's
-// bindings are added by bind_cuda() (cuda/registry.cpp) when CMake found nvcc and cuBLASLt
-// (ENGINE_WITH_CUDA). csrc/README.md is the map of csrc/.
+// engine._C: the extension module. Always built (C++ only): build_info and the CPU kernels of the
+// coordinator's close (bind_cpu(), cpu/bind.cpp); the CUDA backend's bindings are added by bind_cuda()
+// (cuda/registry.cpp) when CMake found nvcc and cuBLASLt (ENGINE_WITH_CUDA). csrc/README.md is the map
+// of csrc/.
 #include <pybind11/pybind11.h>
 
 #include "build_info.h"
 
 namespace py = pybind11;
+
+namespace engine { void bind_cpu(py::module_& m); }  // cpu/bind.cpp: median_dots, weighted_sum_into
 
 #ifdef ENGINE_WITH_CUDA
 namespace engine { void bind_cuda(py::module_& m); }
@@ -20,7 +23,7 @@ static constexpr bool kNcclBuilt = false;
 #endif
 
 PYBIND11_MODULE(_C, m) {
-    m.doc() = "engine's native extension: build information and (when built) the CUDA backend";
+    m.doc() = "engine's native extension: build information, the CPU kernels of coop.robust and (when built) the CUDA backend";
 
     m.def("build_info", []() {
         py::dict d;
@@ -39,6 +42,7 @@ PYBIND11_MODULE(_C, m) {
         return d;
     }, "What was built: version, compiler, whether the CUDA backend and NCCL are in (and why not), library paths.");
 
+    engine::bind_cpu(m);
 #ifdef ENGINE_WITH_CUDA
     engine::bind_cuda(m);
 #else
