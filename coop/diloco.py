@@ -328,24 +328,25 @@ class Aggregator:
         mean of those that agree (coop.robust.agreeing). The median is the unweighted one: a member
         that claims many tokens cannot pull the reference its way (its weight counts only in the
         mean, once it agrees). The median, the dot products and the mean run over chunks of coordinates
-        on every core, the median used in the chunk it is made for (float32 within a chunk, float64
-        across: the filter needs only the cosines' order of magnitude)."""
+        on every core (coop.robust.median_dots). With the native kernels the mean of everyone is made
+        in the same pass, so when nobody is left out (the common case) every contribution is read
+        once (from disk, for a spooled one); only when someone is, a second pass sums the others."""
         n = len(self._kept)
         flats = [u for u, _ in self._kept]
 
-        def dots_with_median(stack: np.ndarray) -> np.ndarray:  # (N, chunk) clipped -> (N + 1,): x_i . m, m . m
-            median = robust_ops.median(stack)  # einsum's own loop: BLAS in a pool thread would start threads of its own
-            return np.append(np.einsum("ns,s->n", stack, median), np.einsum("s,s->", median, median))
+        def coefficients(kept: np.ndarray) -> np.ndarray:  # the clipped contributions' share of the mean
+            return scales[kept].astype(np.float64) * weights[kept] / weights[kept].sum()
 
-        # one pass: the median of a chunk is used where it is made, never kept whole
-        sums = robust_ops.over_chunks(dots_with_median, flats, scales, reduce=True)
+        sums, mean_of_all = robust_ops.median_dots(flats, scales, coefficients(np.arange(n)), out)
         dots, reference_norm2 = sums[:n], float(sums[n])
         norms2 = (scales.astype(np.float64) * np.array(self.norms)) ** 2
         cosines = dots / np.sqrt(np.maximum(norms2 * reference_norm2, 1e-300))
         kept = robust_ops.agreeing(cosines, AGREEMENT_FRACTION)
         self.left_out = sorted(set(range(n)) - set(kept.tolist()))
-        coefficients = scales[kept].astype(np.float64) * weights[kept] / weights[kept].sum()
-        return robust_ops.weighted_sum([flats[i] for i in kept], coefficients, out=out)
+        if mean_of_all is not None and not self.left_out:
+            return mean_of_all  # the same bits as the pass below: the same sum, in the same order
+        return robust_ops.weighted_sum([flats[i] for i in kept], coefficients(kept),
+                                       out=mean_of_all if out is None else out)
 
 
 def aggregate(

@@ -11,6 +11,11 @@ global L2 norms). Nothing here validates: the Aggregator has checked names, shap
                      (Karimireddy, He, Jaggi 2021; hivemind's CenteredClip)
     agreeing         which contributions point the way the coordinate-wise median does (cosine),
                      for the direction-filtered mean
+
+The close's two heaviest passes, `median_dots` (the filtered mean's median and dot products) and
+`weighted_sum`, run in engine._C's CPU kernels where it has them (csrc/cpu/robust.cpp: they hold no
+GIL, so the pool's threads really run side by side), else in numpy, the fallback, with the same
+weighted_sum bits.
 """
 from __future__ import annotations
 
@@ -19,12 +24,20 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from engine._native import native  # engine._C, or None: its CPU kernels of the close (median_dots, weighted_sum_into)
+
 from .spool import SpooledVector
 from .threads import parallel_map
 
 Flat = np.ndarray | SpooledVector  # one contribution as a flat float32 vector, in memory or spooled (coop.spool)
 
 CHUNK = 1 << 15  # coordinates per task of over_chunks: an (N, CHUNK) float32 stack (N x 128 KB) stays in the cache
+NATIVE_CHUNK = 1 << 16  # coordinates per call of the native kernels (bench/robust_close.py: 1 << 14 .. 1 << 20 alike)
+
+
+def native_kernels() -> bool:
+    """Whether engine._C has the CPU kernels of the close (absent where it is not built, or older)."""
+    return getattr(native, "median_dots", None) is not None and getattr(native, "weighted_sum_into", None) is not None
 
 
 def rows(flats: Sequence[Flat], start: int, stop: int) -> np.ndarray:
@@ -37,6 +50,14 @@ def rows(flats: Sequence[Flat], start: int, stop: int) -> np.ndarray:
         else:
             flat.read_into(start, row)
     return stack
+
+
+def row_views(flats: Sequence[Flat], start: int, stop: int) -> list[np.ndarray]:
+    """The N rows of coordinates [start, stop) for the native kernels: views of the in-memory
+    vectors (nothing copied), the spooled ones read into one stack of their own."""
+    spooled = [flat for flat in flats if not isinstance(flat, np.ndarray)]
+    read = iter(rows(spooled, start, stop)) if spooled else iter(())
+    return [flat[start:stop] if isinstance(flat, np.ndarray) else next(read) for flat in flats]
 
 
 def over_chunks(rule: Callable[[np.ndarray], np.ndarray], flats: Sequence[Flat], scales: np.ndarray,
@@ -71,10 +92,17 @@ def weighted_sum(flats: Sequence[Flat], coefficients: np.ndarray, out: np.ndarra
     """sum_i c_i x_i over N flat float32 vectors (into `out` if given), one chunk of coordinates at
     a time on every core (no (N, size) stack is made). Accumulated in float64 and rounded once, so
     the order of the contributions does not change the float32 result (a gossip group and the star
-    merge agree)."""
+    merge agree); the native kernel and numpy give the same bits."""
     size = flats[0].size
     out = np.empty(size, dtype=np.float32) if out is None else out
-    coefficients = np.asarray(coefficients, dtype=np.float64)
+    coefficients = np.ascontiguousarray(coefficients, dtype=np.float64)
+    if native_kernels() and out.flags.c_contiguous:
+        def native_chunk(start: int) -> None:
+            stop = min(start + NATIVE_CHUNK, size)
+            native.weighted_sum_into(row_views(flats, start, stop), coefficients, out[start:stop])
+
+        parallel_map(native_chunk, range(0, size, NATIVE_CHUNK), size * len(flats))
+        return out
 
     def one(start: int) -> None:
         stop = min(start + CHUNK, size)
@@ -89,6 +117,41 @@ def weighted_sum(flats: Sequence[Flat], coefficients: np.ndarray, out: np.ndarra
 
     parallel_map(one, range(0, size, CHUNK), size * len(flats))
     return out
+
+
+def median_dots(flats: Sequence[Flat], scales: np.ndarray, coefficients: np.ndarray | None = None,
+                out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """With x_i = scales[i] * flats[i] (float32, the clipped contributions) and m their coordinate-wise
+    median: (x_i . m for each i, then m . m), (N + 1,) float64, and the weighted sum of the flats with
+    `coefficients` (into `out` if given) where it comes in the same pass for free (the native kernel:
+    every contribution read once), else None. The median of a chunk is used where it is made, never
+    kept whole; numpy sums the dots in float32 within a chunk (the filter needs only the cosines'
+    order of magnitude), the native kernel in float64."""
+    size, n = flats[0].size, len(flats)
+    if not native_kernels():
+        return over_chunks(_dots_with_median, flats, scales, reduce=True), None
+    scales = np.ascontiguousarray(scales, dtype=np.float32)
+    fused = coefficients is not None and (out is None or out.flags.c_contiguous)
+    if fused:
+        coefficients = np.ascontiguousarray(coefficients, dtype=np.float64)
+        out = np.empty(size, dtype=np.float32) if out is None else out
+
+    def native_chunk(start: int) -> np.ndarray:
+        stop = min(start + NATIVE_CHUNK, size)
+        rows_of_chunk = row_views(flats, start, stop)
+        if fused:
+            return native.median_dots(rows_of_chunk, scales, coefficients, out[start:stop])
+        return native.median_dots(rows_of_chunk, scales)
+
+    parts = parallel_map(native_chunk, range(0, size, NATIVE_CHUNK), size * n)
+    return np.sum(parts, axis=0) if parts else np.zeros(n + 1), out if fused else None
+
+
+def _dots_with_median(stack: np.ndarray) -> np.ndarray:
+    """(N, chunk) clipped -> (N + 1,): x_i . m, m . m in float32, the numpy fallback of median_dots
+    (einsum's own loop: BLAS in a pool thread would start threads of its own)."""
+    m = median(stack)
+    return np.append(np.einsum("ns,s->n", stack, m), np.einsum("s,s->", m, m))
 
 
 def weighted_mean(stack: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -1,5 +1,7 @@
 """The one module that loads the native extension `engine._C` (csrc/): everything else reaches
-native code through the CUDA backend (engine/backends/cuda/), which imports `native` from here.
+native code through the CUDA backend (engine/backends/cuda/), which imports `native` from here,
+except the CPU kernels of the coordinator's close (csrc/cpu/: median_dots, weighted_sum_into, in
+every build, the CPU-only one too), which coop.robust reaches through this module's `native`.
 
 Importing this never fails: where `engine._C` is missing or cannot load, `native` is None and
 `import_error` says why (engine.cuda.unavailable_reason() reports it).

@@ -27,6 +27,7 @@ def updates(n, seed=0):
 @pytest.mark.parametrize("rule", RULES)
 def test_every_rule_gives_the_same_bits_spooled_as_in_memory(tmp_path, rule, monkeypatch):
     monkeypatch.setattr(robust, "CHUNK", 4096)  # several chunks, the last one short
+    monkeypatch.setattr(robust, "NATIVE_CHUNK", 4096)  # the same for the native kernels (coop.robust)
     results = []
     for spool in (None, Spool(tmp_path / "spool")):
         aggregator = Aggregator(SHAPES, rule=rule, spool=spool)
