@@ -8,16 +8,20 @@ G - V rather than the step is the error feedback: what one round's quantisation 
 the next round's difference, so V never drifts from G by more than one round's quantisation
 error. Every `snapshot_every` rounds V becomes G exactly (a full download for everyone), and a
 restarted coordinator starts from V = G.
+
+V lives in the body that `GET /v1/weights` serves (coop.wire.lay_out, a new one each round): the
+close computes the next view into it, and nothing is packed for the full download.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..codec import Codec, get_codec
 from ..threads import parallel_map
-from ..wire import pack
+from ..wire import Laid, pack
 
 
 @dataclass
@@ -36,26 +40,35 @@ def downlink_codec(name: str, options: dict) -> Codec:
 
 
 class Downlink:
-    def __init__(self, codec_name: str, options: dict, weights: dict[str, np.ndarray], snapshot_every: int):
+    def __init__(self, codec_name: str, options: dict, weights: dict[str, np.ndarray], snapshot_every: int,
+                 lay: Callable[[int], Laid], round_number: int):
         self.codec = downlink_codec(codec_name, options)
         self.snapshot_every = snapshot_every
-        self.view = {n: np.array(w, dtype=np.float32) for n, w in weights.items()}
+        self.lay = lay  # round -> a new served body of the weights' layout (values still to be written)
+        self.laid = lay(round_number)  # V, as views of the body served for the full download
+        _copy(self.laid.tensors, weights, list(weights))
         self.delta: Delta | None = None
+
+    @property
+    def view(self) -> dict[str, np.ndarray]:
+        return self.laid.tensors
 
     def after_step(self, weights: dict[str, np.ndarray], names: list[str], next_round: int) -> None:
         """After the outer step that makes round `next_round`'s weights (in a thread, before the
-        new round opens): move the view, and keep the difference for workers of the last round."""
+        new round opens): move the view into a new body (a download may still read the last), and
+        keep the difference for workers of the last round."""
+        new = self.lay(next_round)
         if self.snapshot_every and next_round % self.snapshot_every == 0:
-            self.view = {n: np.array(w, dtype=np.float32) for n, w in weights.items()}
-            self.delta = None
+            _copy(new.tensors, weights, list(weights))
+            self.laid, self.delta = new, None
             return
-        size = sum(weights[n].size for n in names)  # the differences and the view's update on every core
-        changes = parallel_map(lambda n: weights[n] - self.view[n], names, size)
+        view, size = self.view, sum(weights[n].size for n in names)  # the differences on every core
+        changes = parallel_map(lambda n: weights[n] - view[n], names, size)
         encoded = self.codec.encode(dict(zip(names, changes)))
         decoded = self.codec.decode(encoded.tensors, encoded.metadata)
-        # new arrays: a packed body may still hold the old
-        moved = parallel_map(lambda n: self.view[n] + decoded[n], names, size)
-        self.view.update(zip(names, moved))
+        parallel_map(lambda n: np.add(view[n], decoded[n], out=new.tensors[n]), names, size)
+        _copy(new.tensors, view, [n for n in view if n not in decoded])  # the tensors this round left alone
+        self.laid = new
         meta = {**encoded.metadata, "round": next_round, "since": next_round - 1}
         self.delta = Delta(next_round - 1, next_round, pack(encoded.tensors, meta))
 
@@ -65,3 +78,8 @@ class Downlink:
         if delta is not None and delta.since == since and delta.round == current_round:
             return delta
         return None
+
+
+def _copy(target: dict[str, np.ndarray], source: dict[str, np.ndarray], names: list[str]) -> None:
+    """target[n][...] = source[n] for the names, on every core."""
+    parallel_map(lambda n: np.copyto(target[n], source[n]), names, sum(source[n].size for n in names))

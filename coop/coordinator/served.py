@@ -3,7 +3,7 @@
 One copy of the model for both (coop.wire.lay_out), and nothing to pack when a round closes. Each
 close computes the next round's weights into a new buffer, so a download still reading the last
 round's body never sees it change. With the compressed downlink the body is the workers' view
-instead (coop.coordinator.downlink), packed.
+instead (coop.coordinator.downlink), laid out the same way.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from coop.wire import Laid, TensorSpec, lay_out, pack
+from coop.wire import Laid, TensorSpec, lay_out
 
 from .downlink import Downlink
 
@@ -33,8 +33,6 @@ def copy_into(target: dict[str, np.ndarray], source: Mapping[str, np.ndarray]) -
     return target
 
 
-def body_of(laid: Laid, downlink: Downlink | None, model_config: Any, round_number: int) -> memoryview | bytes:
-    """What GET /v1/weights serves for the round: the weights' own buffer, or the downlink's view."""
-    if downlink is None:
-        return laid.body
-    return pack(downlink.view, weights_metadata(model_config, round_number))
+def body_of(laid: Laid, downlink: Downlink | None) -> memoryview:
+    """What GET /v1/weights serves for the round: the weights' own buffer, or the downlink's view's."""
+    return laid.body if downlink is None else downlink.laid.body

@@ -95,7 +95,9 @@ class Coordinator:
         self.aggregators = [Aggregator(shapes, **c.aggregator_options(), spool=self.spool, budget=self.budget)
                             for shapes in self.part_shapes]
         k = config.compression  # the compressed downlink keeps the workers' view (V = G on a restart)
-        self.downlink = Downlink(k.codec, k.options, self.weights, k.snapshot_every) if k.downlink == "codec" else None
+        self.downlink = Downlink(k.codec, k.options, self.weights, k.snapshot_every,
+                                 lambda r: lay_out_weights(self.specs, self.model_config, r), first_round) \
+            if k.downlink == "codec" else None
         self.machine = RoundMachine(first_round, config.rounds.max_rounds, c.min_workers, c.quorum_fraction,
                                     DeadlinePolicy(c.deadline_factor, c.min_deadline_s, c.max_deadline_s), now)
         self.metrics = CoordinatorMetrics()
@@ -117,7 +119,7 @@ class Coordinator:
         else:
             log.info("resumed from %s at round %d (%d workers known)", self.state_dir, first_round,
                      len(self.members.workers))
-        self.weights_body = body_of(self.laid, self.downlink, self.model_config, self.machine.number)
+        self.weights_body = body_of(self.laid, self.downlink)
         self.checkpointer = Checkpointer(self.state_dir)
         self.metrics.round.set(self.machine.number)
         # created on the event loop in start()
@@ -396,18 +398,14 @@ class Coordinator:
             self.aggregator.reset()
             self.machine.abort_aggregation()
             return
-        # pack the next round's weights first, then open that round and publish them with no await
-        # in between: GET /v1/weights (which does not take the lock) must never pair the new round
+        # open the next round and publish its body (laid out by the aggregation) with no await in
+        # between: GET /v1/weights (which does not take the lock) must never pair the new round
         # number with the old body (a worker that gets such a pair gives up: "weights do not match")
-        t2 = self.clock()
-        body = await asyncio.to_thread(body_of, self.laid, self.downlink, self.model_config, current.number + 1)
         self.machine.finish(self.clock())
-        self.weights_body = body
-        # what the workers wait for: the last checkpoint's write (if still going), the aggregation
-        # with the outer step, and packing the weights
+        self.weights_body = body_of(self.laid, self.downlink)
+        # what the workers wait for: the last checkpoint's write (if still going), the aggregation with the outer step
         record["close_s"] = round(self.clock() - t0, 3)
-        record["close_parts_s"] = {"checkpoint_wait": round(t1 - t0, 3), "aggregate": round(t2 - t1, 3),
-                                   "pack": round(self.clock() - t2, 3)}
+        record["close_parts_s"] = {"checkpoint_wait": round(t1 - t0, 3), "aggregate": round(self.clock() - t1, 3)}
         self.checkpointer.start(self.machine.number, self.weights, self.outer, self.history,
                                 self.config.model_dump())
         # members.json only ever from the event loop, like join and leave do: from the aggregation
