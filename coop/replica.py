@@ -17,7 +17,7 @@ import engine
 from engine.data import TokenDataset
 from engine.nn import GPT, GPTConfig
 
-from .training import Evaluation, TrainStep, evaluate, fixed_windows, load_weights, make_optimizer, parameters_for, \
+from .training import Evaluation, PendingEvaluation, TrainStep, evaluate, fixed_windows, load_weights, make_optimizer, parameters_for, \
     to_device, to_host, weights_of
 
 
@@ -126,12 +126,20 @@ class Replica:
         """`evaluate` of other weights (e.g. the global ones), on a second copy of the model made for
         it (on the replica's device, no optimizer state): the replica's own weights are never
         touched, nor copied back and forth (on a GPU that is the slow part of an evaluation)."""
+        return self.start_evaluation(weights, data, batches, part).result()
+
+    def start_evaluation(self, weights: dict[str, np.ndarray], data: TokenDataset, batches: int = 8,
+                         part: tuple[int, int] = (0, 1)) -> PendingEvaluation:
+        """`evaluate_weights`, its windows still to run: `step()` queues one beside the inner steps
+        (the round loop's `beside`), `result()` the rest and waits. The weights are loaded now."""
         if self._evaluation is None:
             state = engine.random.get_rng_state()  # its initial weights are overwritten: keep the RNG stream as it was
             model = GPT(self.model.config).to(self.device)
             engine.random.set_rng_state(state)
             self._evaluation = Evaluation(model, self.device, self.inner.precision, graph=self.graph)
-        model = self._evaluation.model
+        evaluation, model = self._evaluation, self._evaluation.model
+        if evaluation.pending is not None:
+            evaluation.pending.flush()  # its windows see the weights it was started with, queued before the load
         if self.anchored and all(self.anchored.get(n) is a for n, a in weights.items()) and len(weights) == len(self.anchor):
             with engine.no_grad():  # the global weights last loaded (a worker's usual case): copied on the device
                 for name, p in model.named_parameters():
@@ -140,13 +148,14 @@ class Replica:
             load_weights(model, weights)  # in place: a captured forward stays valid
         staged = self._staged
         if staged is None or staged[0] is not data or staged[1:3] != (batches, part):  # the same windows every call
-            staged = self._staged = (data, batches, part, self._evaluation.stage(self._windows(data, batches, part)))
-        return self._evaluation(staged[3])
+            staged = self._staged = (data, batches, part, evaluation.stage(self._windows(data, batches, part)))
+        return evaluation.start(staged[3])
 
     def run_round(self, global_weights: dict[str, np.ndarray] | None, inner_steps: int, *,
                   merged: Collection[str] | None = None, send: Collection[str] | None = None,
                   apply_after: int = 0, arrival: Future | None = None,
-                  idle: Callable[[], None] | None = None) -> RoundResult | None:
+                  idle: Callable[[], None] | None = None,
+                  beside: Callable[[], bool] | None = None) -> RoundResult | None:
         """Take `inner_steps` (K) inner steps from the global weights, return the pseudo-gradient.
 
         Plain DiLoCo uses the defaults: load every global weight, train, send global - local.
@@ -164,13 +173,24 @@ class Replica:
         waits: the delay stays bounded); it then applies it the same way. `idle`, if given, runs
         once before that wait when there is one (the transport's evaluation of the last global
         weights: work for the device that would otherwise sit idle); its seconds count as neither
-        training nor waiting. Returns None when the run ended while it trained."""
+        training nor waiting. `beside`, if given, is called after each inner step until it returns
+        False (the transport's evaluation, one window queued at a time between the steps: on the
+        device it runs in the steps' shadow instead of after them). Returns None when the run ended
+        while it trained."""
         start = time.perf_counter()
         losses, waited = [], 0.0
+
+        def step() -> engine.Tensor:
+            nonlocal beside
+            loss = self.train_step()
+            if beside is not None and not beside():
+                beside = None  # all of its work is queued
+            return loss
+
         if arrival is not None:  # overlap over a link: train on until the merge has arrived
             ahead = min(inner_steps, apply_after or inner_steps)  # then wait for it
             while len(losses) < ahead and not arrival.done():
-                losses.append(self.train_step())
+                losses.append(step())
             if idle is not None and not arrival.done():  # the GPU would wait anyway: the transport's work first
                 began = time.perf_counter()
                 idle()
@@ -190,9 +210,9 @@ class Replica:
             merged, apply_after = None, 0
         names = list(global_weights) if merged is None else list(merged)
         apply_after = min(apply_after, inner_steps) if any(n in self.sent_at for n in names) else 0
-        losses += [self.train_step() for _ in range(apply_after - len(losses))]
+        losses += [step() for _ in range(apply_after - len(losses))]
         self.apply_merge({n: global_weights[n] for n in names}, keep_progress=apply_after > 0)
-        losses += [self.train_step() for _ in range(inner_steps - apply_after)]
+        losses += [step() for _ in range(inner_steps - apply_after)]
         losses = [float(v) for v in engine.stack(losses).numpy()] if losses else []  # one sync per round
         delta = self.pseudo_gradient(send)
         return RoundResult(delta, inner_steps * self.inner.batch_size * self.inner.block_size, losses,

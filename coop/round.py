@@ -52,6 +52,7 @@ class RoundStart:
     steps: int | None = None  # inner steps of this round, when fewer than K fit before its deadline
     idle: Callable[[], None] | None = None  # with `arrival`: the transport's work for the training thread
     # while it waits for the merge (coop.replica.Replica.run_round)
+    beside: Callable[[], bool] | None = None  # work queued a piece after each inner step, until it returns False
 
 
 @dataclass
@@ -113,7 +114,8 @@ class RoundLoop:
             return None
         if start.arrival is not None:  # overlap: train on while the last round's merge comes
             result = self.replica.run_round(None, self.inner_steps, arrival=start.arrival,
-                                            apply_after=start.apply_after or self.inner_steps, idle=start.idle)
+                                            apply_after=start.apply_after or self.inner_steps, idle=start.idle,
+                                            beside=start.beside)
             arrived = start.arrival.result()
             if result is None or arrived is None:  # the run ended meanwhile: the transport says so next
                 return self.run_round()

@@ -206,19 +206,31 @@ class Evaluation:
         model.eval()
         self.captured = engine.cuda.graphs.CapturedStep(self._loss, device=device) \
             if graph and str(device).startswith("cuda") else None
+        self.pending: PendingEvaluation | None = None  # the last started
+
+    @engine.no_grad()
+    def window(self, x, y) -> engine.Tensor:
+        """One window's loss, queued (no wait): a replay of the captured forward, or an eager pass."""
+        if self.captured is not None:
+            return self.captured(x, y)  # copied into the graph's inputs, one replay
+        return self._loss(_on(x, self.device), _on(y, self.device))
 
     def _loss(self, x: engine.Tensor, y: engine.Tensor) -> engine.Tensor:
         with autocast_for(self.device, self.precision):
             return self.model(x, y)[1]
 
-    @engine.no_grad()
     def __call__(self, batches: Iterable[tuple]) -> float:
         """Mean loss over the (x, y) batches (numpy or tensors): one wait for the device, at the end."""
-        if self.captured is not None:
-            losses = [self.captured(x, y) for x, y in batches]  # copied into the graph's inputs, one replay
-        else:
-            losses = [self._loss(_on(x, self.device), _on(y, self.device)) for x, y in batches]
-        return float(engine.stack(losses).mean().item())
+        return self.start(batches).result()
+
+    def start(self, batches: Iterable[tuple]) -> "PendingEvaluation":
+        """The evaluation of the model as it is now, its windows run by `PendingEvaluation.step` one at
+        a time beside other work (the round's inner steps), or all at once by `result()`. On a GPU the
+        windows queue on the one stream: what the model holds when each is queued is what it sees."""
+        if self.pending is not None:
+            self.pending.flush()  # the last one's windows read the weights before a load changes them
+        self.pending = PendingEvaluation(self, list(batches))
+        return self.pending
 
     def stage(self, batches: list[tuple]) -> list[tuple]:
         """The (x, y) numpy windows as tensors on the device, in one copy each way (a copy from host
@@ -228,6 +240,28 @@ class Evaluation:
         xs = engine.tensor(np.stack([x for x, _ in batches]), device=self.device)  # (n, B, T)
         ys = engine.tensor(np.stack([y for _, y in batches]), device=self.device)
         return [(xs[i], ys[i]) for i in range(len(batches))]
+
+
+class PendingEvaluation:
+    """An evaluation started by `Evaluation.start`: its windows still to run, and their losses."""
+
+    def __init__(self, evaluation: Evaluation, batches: list[tuple]):
+        self.evaluation, self.batches, self.losses = evaluation, batches, []
+
+    def step(self) -> bool:
+        """Queue the next window's forward pass; False once none is left."""
+        if len(self.losses) < len(self.batches):
+            self.losses.append(self.evaluation.window(*self.batches[len(self.losses)]))
+        return len(self.losses) < len(self.batches)
+
+    def flush(self) -> None:
+        while self.step():
+            pass
+
+    def result(self) -> float:
+        """The mean loss (the rest of the windows first): the one wait for the device."""
+        self.flush()
+        return float(engine.stack(self.losses).mean().item())
 
 
 def fixed_windows(data: TokenDataset, batches: int, batch_size: int, block_size: int, seed: int):

@@ -17,8 +17,10 @@ its upload, when it would otherwise wait, and the final weights' once the run is
 
 With overlap ([outer] overlap_steps), exchange hands the update to a background thread and
 returns at once ("queued"): the upload, the long-poll and the next download run there while the
-replica trains the next round; the evaluation of round r's weights runs when the replica would
-wait for r's merge anyway. The update's fate (accepted, stale, ...) arrives in `Delivery.settled`.
+replica trains the next round; the evaluation of round r's weights is queued a window at a time
+between those inner steps (on the device it runs in their shadow), and its loss read when the
+replica would wait for r's merge anyway. The update's fate (accepted, stale, ...) arrives in
+`Delivery.settled`.
 """
 from __future__ import annotations
 
@@ -63,6 +65,8 @@ class ValCheck:
     every: int  # [rounds] eval_every: the weights of every `every`th round (0: never), and the final ones
     max_rounds: int
     evaluate: Callable[[dict[str, np.ndarray]], tuple[float, int]]  # weights -> (mean loss, tokens evaluated)
+    # with overlap: weights -> (an evaluation still to run: .step() queues a window, .result() the loss; tokens)
+    start: Callable[[dict[str, np.ndarray]], tuple[Any, int]] | None = None
     done: set[int] = field(default_factory=set)  # rounds whose weights this worker evaluated (once each)
 
 
@@ -85,7 +89,8 @@ class HttpTransport:
         # download run here, in the background
         self.overlap_steps = overlap_steps
         self.pending: Future | None = None  # of the next RoundStart (None: the run ended)
-        self.eval_due: tuple[int, dict[str, np.ndarray]] | None = None  # (round, its weights) to evaluate
+        # (round, its weights, its evaluation queued beside the inner steps or None, tokens) to evaluate
+        self.eval_due: tuple[int, dict[str, np.ndarray], Any, int] | None = None
         self.background = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="coop-overlap")
                            if overlap_steps else None)
         self.weights: dict[str, np.ndarray] | None = None
@@ -111,16 +116,35 @@ class HttpTransport:
         accepted update: a start still on its way (`arrival`), for the replica to train beside."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            return RoundStart(-1, None, arrival=pending, apply_after=self.overlap_steps, idle=self.deferred_eval)
+            queued = self.eval_due[2] if self.eval_due is not None else None
+            return RoundStart(-1, None, arrival=pending, apply_after=self.overlap_steps, idle=self.deferred_eval,
+                              beside=queued.step if queued is not None else None)
         return self.start_now()
 
     def deferred_eval(self) -> None:
         """With overlap: the val loss of the last round's weights, from the training thread, when it
         has to wait for a merge anyway (else before the next upload, or once the run is done)."""
         if self.eval_due is not None:
-            (round_number, weights), self.eval_due = self.eval_due, None
+            (round_number, weights, queued, tokens), self.eval_due = self.eval_due, None
             with self.timed("eval"):
-                self.report_val(round_number, weights)
+                if queued is None:
+                    self.report_val(round_number, weights)
+                else:
+                    self.report_val(round_number, measured=lambda: (queued.result(), tokens))
+
+    def queue_val(self, round_number: int, weights: dict[str, np.ndarray]) -> tuple:
+        """With overlap: round r's val loss to measure, its evaluation started (the weights loaded on
+        the device, its windows left to queue beside the next round's steps) when it is due."""
+        val = self.val
+        if val is None or val.start is None or round_number in val.done or \
+                not eval_due(round_number, val.every, val.max_rounds):
+            return round_number, weights, None, 0
+        try:
+            return (round_number, weights, *val.start(weights))
+        except Exception as error:  # e.g. out of device memory: the rounds go on
+            val.done.add(round_number)
+            self.say(f"round {round_number}: could not evaluate the global weights ({type(error).__name__}: {error})")
+            return round_number, weights, None, 0
 
     def start_now(self, evaluate: bool = True) -> RoundStart | None:
         """Download the open round's weights and check it is open; None when the run is done (after
@@ -200,7 +224,7 @@ class HttpTransport:
         body = self.pack(contribution)
         if self.overlap_steps:  # the upload, the round's close and its merge's download in the background
             self.deferred_eval()  # the last one's, if no wait came to run it
-            self.eval_due = (round_index, self.weights)  # evaluated while we wait for its merge
+            self.eval_due = self.queue_val(round_index, self.weights)  # beside the next steps, read at the wait
             settled: Future = Future()
             self.pending = self.background.submit(self._deliver_then_next, round_index, body, settled)
             return Delivery("queued", len(body), settled=settled)
@@ -265,16 +289,21 @@ class HttpTransport:
             return "accepted"
         return reason
 
-    def report_val(self, round_number: int, weights: dict[str, np.ndarray] | None = None) -> None:
-        """Evaluate the weights of round r (those downloaded, or `weights`) on this worker's device and
-        report the loss, when the run asks for it and this worker has not yet. The val loss is a
-        measurement, not training: whatever goes wrong with it is said and the rounds go on."""
+    def report_val(self, round_number: int, weights: dict[str, np.ndarray] | None = None,
+                   measured: Callable[[], tuple[float, int]] | None = None) -> None:
+        """Evaluate the weights of round r (those downloaded, or `weights`; or read the evaluation
+        `measured` already queued) on this worker's device and report the loss, when the run asks
+        for it and this worker has not yet. The val loss is a measurement, not training: whatever
+        goes wrong with it is said and the rounds go on."""
         val = self.val
         if val is None or round_number in val.done or not eval_due(round_number, val.every, val.max_rounds):
             return
         val.done.add(round_number)
         try:
-            loss, tokens = val.evaluate(self.weights if weights is None else weights)
+            if measured is None:
+                loss, tokens = val.evaluate(self.weights if weights is None else weights)
+            else:
+                loss, tokens = measured()
         except Exception as error:  # e.g. out of device memory: the next round must still run
             self.say(f"round {round_number}: could not evaluate the global weights ({type(error).__name__}: {error})")
             return

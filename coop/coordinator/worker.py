@@ -144,7 +144,7 @@ class Worker:
             shapes = {name: tuple(p.shape) for name, p in self.replica.model.named_parameters()}
             codec = get_codec(info["compression"]["codec"], **info["compression"]["options"])
             parts = fragments(shapes, int(info.get("fragments", 1)))  # streaming DiLoCo: a fragment a round
-            self.val_check = ValCheck(every, int(info["max_rounds"]), self.evaluate_global)
+            self.val_check = ValCheck(every, int(info["max_rounds"]), self.evaluate_global, self.start_global)
             self.transport = HttpTransport(self.client, shapes, self.say, parts, self.val_check,
                                            overlap_steps=int(info.get("overlap_steps", 0)),
                                            round_steps=int(info["inner_steps"]) // len(parts))
@@ -210,11 +210,17 @@ class Worker:
         local ones train on) and draws the windows with a fixed seed. The workers share them: shard i of
         n evaluates windows i, i + n, ..., so the coordinator's token-weighted mean of the n reports is
         the whole evaluation, at 1/n of its cost to each."""
+        pending, tokens = self.start_global(weights)
+        return pending.result(), tokens
+
+    def start_global(self, weights: dict[str, np.ndarray]):
+        """`evaluate_global` queued beside the next round's inner steps (overlap): (its pending
+        evaluation, the tokens it covers); the weights are loaded now."""
         batches = int(self.run_info["eval"]["batches"])
         count = min(int(self.run_info["shard"]["count"]), batches)
         index = int(self.run_info["shard"]["index"]) % count
-        loss = self.replica.evaluate_weights(weights, self.val_data, batches, part=(index, count))
-        return loss, len(range(index, batches, count)) * self.replica.inner.batch_size * self.replica.inner.block_size
+        pending = self.replica.start_evaluation(weights, self.val_data, batches, part=(index, count))
+        return pending, len(range(index, batches, count)) * self.replica.inner.batch_size * self.replica.inner.block_size
 
     # -- the rounds --------------------------------------------------------------------------------
     def run(self) -> int:

@@ -51,3 +51,26 @@ def test_the_weights_last_loaded_evaluate_as_a_copy_of_them_does():
     copied = replica.evaluate_weights({n: w.copy() for n, w in weights.items()}, data, batches=2)  # loaded
     assert anchored == copied
     assert replica.evaluate_weights(weights_of(replica.model), data, batches=2) != anchored
+
+
+def test_an_evaluation_queued_beside_the_inner_steps_gives_the_loss_of_the_weights_it_started_with():
+    replica, data = make_replica()
+    first = {n: w * np.float32(0.9) for n, w in weights_of(replica.model).items()}
+    second = {n: w * np.float32(1.1) for n, w in first.items()}
+    want = [replica.evaluate_weights(w, data, batches=3) for w in (first, second)]
+    replica.load_global(first)
+    pending = replica.start_evaluation(first, data, batches=3)
+    calls = []
+
+    def beside() -> bool:  # what the round loop runs after each inner step, until it says False
+        calls.append(len(pending.losses))
+        return pending.step()
+
+    replica.run_round(first, 5, beside=beside)
+    assert calls == [0, 1, 2]  # one window queued a step, then no more calls
+    later = replica.start_evaluation(second, data, batches=3)  # reloads the evaluation's model
+    assert pending.result() == want[0] and later.result() == want[1]
+    unfinished = replica.start_evaluation(first, data, batches=3)
+    assert unfinished.step()  # one window of three queued
+    assert replica.start_evaluation(second, data, batches=3).result() == want[1]
+    assert unfinished.result() == want[0]  # its other windows were queued before the second load

@@ -105,3 +105,16 @@ def test_the_captured_evaluation_gives_the_eager_loss_and_follows_reloaded_weigh
     replica.load_global(second)  # the anchored weights: copied into the evaluation's model on the device
     got = replica.evaluate_weights(second, data, batches=3)
     assert abs(got - eager.evaluate_weights(second, data, batches=3)) <= 1e-6 * abs(got)
+
+
+def test_windows_queued_before_a_reload_see_the_weights_they_were_started_with():
+    # on the one stream: an evaluation's windows queued beside the steps, then another evaluation's load
+    replica, data = _replica("cuda")
+    first = weights_of(replica.model)
+    second = {n: w * np.float32(0.9) for n, w in first.items()}
+    want = [replica.evaluate_weights(w, data, batches=3) for w in (first, second, first)]  # captured by now
+    pending = replica.start_evaluation(first, data, batches=3)
+    assert pending.step()
+    later = replica.start_evaluation(second, data, batches=3)
+    assert abs(later.result() - want[1]) <= 1e-6 * abs(want[1])
+    assert abs(pending.result() - want[0]) <= 1e-6 * abs(want[0])
