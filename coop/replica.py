@@ -191,6 +191,8 @@ class Replica:
             ahead = min(inner_steps, apply_after or inner_steps)  # then wait for it
             while len(losses) < ahead and not arrival.done():
                 losses.append(step())
+            if not arrival.done() and str(self.device).startswith("cuda"):
+                engine.cuda.synchronize(self.device)  # the steps queued so far run out first: training time
             if idle is not None and not arrival.done():  # the GPU would wait anyway: the transport's work first
                 began = time.perf_counter()
                 idle()
