@@ -144,7 +144,11 @@ def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32", pr
     idx = torch.randint(0, c["V"], (c["B"], c["T"]), device="cuda")
     tgt = torch.randint(0, c["V"], (c["B"], c["T"]), device="cuda")
 
+    graphs = mode == "compile_bf16_reduce_overhead"
+
     def step():
+        if graphs:  # a new iteration: the last one's graph outputs may be overwritten (CUDA-graph trees)
+            torch.compiler.cudagraph_mark_step_begin()
         with amp():
             loss = fwd(idx, tgt)
         loss.backward()
@@ -152,7 +156,7 @@ def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32", pr
         opt.zero_grad(set_to_none=True)
         return loss
 
-    for _ in range(warmup):
+    for _ in range(max(warmup, 12) if graphs else warmup):  # the trees record over the first few steps
         step()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
