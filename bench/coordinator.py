@@ -12,7 +12,7 @@ update as it arrives (streaming, O(model) memory), takes the outer step and writ
     round_s           median time between two round closes (downloads + uploads + aggregation + checkpoint)
     in_MBps           update bytes received per second of round
     in_out_MBps       update bytes received + weight bytes sent, per second of round
-    close_s           the wait for the last checkpoint, aggregation, outer step and re-serialisation, per round
+    close_s           the wait for the last checkpoint, the aggregation and the outer step, per round
     peak_rss_MB       the coordinator process's peak resident memory (VmHWM)
     peak_over_model   peak_rss_MB / fp32 model size: the O(model) claim as one number
 """
