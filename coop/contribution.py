@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from coop.codec import decode
+from coop.threads import parallel_map, pieces
 from coop.runconfig import RunConfig
 from coop.wire import TensorSpec, WireError, check_tensors
 
@@ -78,10 +79,14 @@ def check_arrays(arrays: Mapping[str, np.ndarray], spec: Mapping[str, TensorSpec
         raise
     except WireError as error:
         raise ContributionError(str(error)) from None
-    for name, array in arrays.items():
-        largest = max(float(array.max()), -float(array.min())) if array.size else 0.0  # no |array| temporary
-        if largest > max_abs:
-            raise ContributionError(f"{what}: tensor {name!r} has values up to {largest:.3g} in magnitude, "
+    def largest(part: np.ndarray) -> float:  # no |part| temporary
+        return max(float(part.max()), -float(part.min())) if part.size else 0.0
+
+    work = [(name, part) for name, array in arrays.items() for part in pieces([np.asarray(array)])]
+    values = parallel_map(lambda item: largest(item[1]), work, sum(part.size for _, part in work))  # every core
+    for (name, _), value in zip(work, values):
+        if value > max_abs:
+            raise ContributionError(f"{what}: tensor {name!r} has values up to {value:.3g} in magnitude, "
                                     f"beyond the bound of {max_abs:g} that no honest update comes near")
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from . import robust as robust_ops
 from .robust import Flat
 from .spool import MemoryBudget, Spool, SpooledVector
-from .threads import parallel_map
+from .threads import parallel_map, pieces
 
 Weights = Mapping[str, np.ndarray]
 Shapes = Mapping[str, tuple[int, ...]]
@@ -63,11 +63,10 @@ def global_norm(update: Weights) -> float:
     """L2 norm over all tensors together, accumulated in float64 (no overflow for any float32).
     einsum converts to float64 in its own small buffers as it goes, so no float64 copy of the
     update is ever made (a 124M-parameter update would need a 1 GB one)."""
-    total = 0.0
-    for array in update.values():
-        flat = np.asarray(array).reshape(-1)  # a view unless the array is not contiguous
-        total += float(np.einsum("i,i->", flat, flat, dtype=np.float64))
-    return math.sqrt(total)
+    parts = pieces(np.asarray(array) for array in update.values())  # views unless an array is not contiguous
+    squares = parallel_map(lambda p: float(np.einsum("i,i->", p, p, dtype=np.float64)), parts,
+                           sum(p.size for p in parts))  # on every core; summed in the pieces' order
+    return math.sqrt(sum(squares))
 
 
 def clip_by_global_norm(update: Weights, max_norm: float) -> tuple[dict[str, np.ndarray], float]:
@@ -279,11 +278,9 @@ class Aggregator:
             with self._lock:
                 self._ram_used += 4 * size
         flat = np.empty(size, dtype=np.float32)
-        offset = 0
-        for name, shape in self.shapes.items():
-            size = math.prod(shape)
-            flat[offset : offset + size] = np.asarray(update[name]).reshape(-1)
-            offset += size
+        targets = pieces(self._unflatten(flat).values())  # the same cuts of the same sizes, in the same order
+        sources = pieces(np.asarray(update[name]) for name in self.shapes)
+        parallel_map(lambda pair: np.copyto(*pair), list(zip(targets, sources)), size)  # on every core
         return flat
 
     def _unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:

@@ -364,3 +364,28 @@ def test_the_outer_step_into_out_equals_the_step_in_place_and_leaves_the_weights
         stepped.step(current, grads[0], out={"w": np.empty((40, 30), np.float64), "b": np.empty(7, np.float32)})
     with pytest.raises(ValueError):
         stepped.step(current, grads[0], out={"w": np.empty((40, 30), np.float32)})
+
+
+def test_an_upload_s_checks_run_in_pieces_with_the_whole_tensors_answers(monkeypatch):
+    # the bound, the norm and the copy into the aggregator's flat vector cut large tensors into pieces
+    # for the pool's threads (coop.threads.pieces); the answers are those of the whole tensors
+    import coop.threads
+    from coop.contribution import ContributionError, check_arrays
+    from coop.diloco import Aggregator, global_norm
+    from coop.wire import spec_of
+
+    monkeypatch.setattr(coop.threads, "PIECE", 1000)
+    rng = np.random.default_rng(5)
+    update = {"big": rng.standard_normal((301, 97)).astype(np.float32), "small": rng.standard_normal(3).astype(np.float32),
+              "strided": rng.standard_normal((40, 60)).astype(np.float32)[:, ::2]}
+    want = np.sqrt(sum(float(np.sum(a.astype(np.float64) ** 2)) for a in update.values()))
+    assert abs(global_norm(update) - want) <= 1e-12 * want
+    aggregator = Aggregator({n: a.shape for n, a in update.items()}, rule="median")
+    flat = aggregator.prepare(update).values
+    np.testing.assert_array_equal(flat, np.concatenate([a.reshape(-1) for a in update.values()]))
+    spec = spec_of(update)
+    check_arrays(update, spec, what="update")
+    bad = dict(update, big=update["big"].copy())
+    bad["big"][-1, -1] = 5e6  # in the last piece
+    with pytest.raises(ContributionError, match="'big' has values up to 5e\\+06"):
+        check_arrays(bad, spec, what="update")
