@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import safetensors.numpy  # writes; reading is ours (checked header, then numpy views)
 
+from .threads import parallel_map, pieces
+
 # Metadata lives under this key of the safetensors "__metadata__" map (which only holds strings).
 METADATA_KEY = "json"
 # A default ceiling on one message: a 124M-parameter fp32 model is ~0.5 GB, so 4 GiB leaves room
@@ -76,6 +78,22 @@ def pack(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any] | None =
     Arrays are written little-endian and C-contiguous; the metadata must be JSON without NaN or
     infinity (it goes into the header as one JSON string).
     """
+    return safetensors.numpy.save(_wire_arrays(tensors), metadata={METADATA_KEY: _metadata_json(metadata)})
+
+
+def pack_view(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any] | None = None) -> memoryview:
+    """`pack`, as a memoryview of a buffer of its own laid out first (`lay_out`), the arrays copied
+    in on every core: for a large body that is only sent (a worker's upload, through
+    `upload_chunks`). GPT-2's int8 update: 0.25 s in `pack`, 0.06 s here, on 2 cores."""
+    arrays = _wire_arrays(tensors)
+    laid = lay_out(spec_of(arrays), metadata)
+    pairs = list(zip(pieces(laid.tensors[name] for name in arrays), pieces(arrays.values())))
+    parallel_map(lambda pair: np.copyto(*pair), pairs, sum(a.size for a in arrays.values()))
+    return laid.body
+
+
+def _wire_arrays(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The named arrays checked for the wire, little-endian and C-contiguous (views where they are)."""
     arrays: dict[str, np.ndarray] = {}
     for name, array in tensors.items():
         if not isinstance(name, str) or not name or name == "__metadata__":
@@ -86,7 +104,7 @@ def pack(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any] | None =
             raise TypeError(f"tensor {name!r}: dtype {array.dtype} cannot go on the wire; use one of {_SUPPORTED}")
         # np.asarray(order="C"), not ascontiguousarray, which turns 0-d arrays into shape (1,).
         arrays[name] = np.asarray(array, dtype=array.dtype.newbyteorder("<"), order="C")
-    return safetensors.numpy.save(arrays, metadata={METADATA_KEY: _metadata_json(metadata)})
+    return arrays
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import numpy as np
 from ..codec import decode
 from ..round import Contribution, RoundStart
 from ..streaming import round_start
-from ..wire import WireError, pack, unpack, upload_chunks
+from ..wire import WireError, pack_view, unpack, upload_chunks
 from .client import CoordinatorClient, WorkerError
 from .evaluation import eval_due
 
@@ -245,7 +245,7 @@ class HttpTransport:
             self.wait_round_end(round_index, None)
         return Delivery(outcome, len(body), outcome == "done")
 
-    def _deliver_then_next(self, round_index: int, body: bytes, settled: Future) -> RoundStart | None:
+    def _deliver_then_next(self, round_index: int, body: memoryview, settled: Future) -> RoundStart | None:
         """In the background: upload round r's update (its answer to `settled`), wait for r to close,
         then the next round's start; None when the run is done (the training thread's next begin()
         evaluates the final weights and ends)."""
@@ -267,15 +267,15 @@ class HttpTransport:
             return None
         return self.start_now(evaluate=False)  # a refused update: round_start says to start afresh
 
-    def pack(self, contribution: Contribution) -> bytes:
+    def pack(self, contribution: Contribution) -> memoryview:
         result = contribution.result
         meta = dict(contribution.encoded.metadata, round=contribution.round, tokens=int(result.tokens),
                     loss=result.mean_loss, train_seconds=result.seconds, worker=self.client.token.split(".")[0])
         if not np.isfinite(meta["loss"]):
             meta["loss"] = None
-        return pack(contribution.encoded.tensors, meta)
+        return pack_view(contribution.encoded.tensors, meta)  # only ever sent, in slices
 
-    def upload(self, round_number: int, body: bytes) -> str:
+    def upload(self, round_number: int, body: bytes | memoryview) -> str:
         """PUT the update; returns "accepted", or the coordinator's 409 reason."""
         response = self.client.request(
             "PUT", f"/v1/rounds/{round_number}/update", ok=(200, 409), body_factory=lambda: upload_chunks(body),
@@ -330,7 +330,7 @@ class HttpTransport:
             return
         self.report_val(round_number)
 
-    def wait_round_end(self, round_number: int, body: bytes | None) -> dict[str, Any]:
+    def wait_round_end(self, round_number: int, body: bytes | memoryview | None) -> dict[str, Any]:
         """Long-poll until round r closes. If the coordinator restarted and lost our update while
         the round is still open, upload it again."""
         while True:

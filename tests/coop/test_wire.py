@@ -13,6 +13,7 @@ from coop.wire import (
     check_tensors,
     lay_out,
     pack,
+    pack_view,
     spec_of,
     unpack,
 )
@@ -238,3 +239,22 @@ def test_laid_out_tensors_of_one_dtype_are_one_flat_vector_in_their_order():
     np.testing.assert_array_equal(laid.tensors["a"], np.arange(6, 10))
     assert laid.flat(["a", "z"]) is None and laid.flat(["z", "i"]) is None and laid.flat(["z"]).size == 6
     np.testing.assert_array_equal(unpack(laid.body)[0]["a"], np.arange(6, 10))
+
+
+def test_pack_view_is_a_body_that_unpacks_to_the_same_tensors_and_metadata():
+    rng = np.random.default_rng(2)
+    tensors = {"w": rng.standard_normal((30, 7)).astype(np.float32), "q": rng.integers(-127, 128, 101).astype(np.int8),
+               "s": np.array(1.5, np.float32), "big_endian": np.arange(5, dtype=">f4"),
+               "strided": rng.standard_normal((6, 8)).astype(np.float32)[:, ::2]}
+    view = pack_view(tensors, {"round": 3})
+    got, meta = unpack(view)
+    assert meta == {"round": 3} and set(got) == set(tensors)
+    for name, array in tensors.items():
+        np.testing.assert_array_equal(got[name], array, err_msg=name)
+    import safetensors.numpy
+
+    np.testing.assert_array_equal(safetensors.numpy.load(bytes(view))["w"], tensors["w"])  # the library reads it
+    with pytest.raises(TypeError, match="cannot go on the wire"):
+        pack_view({"c": np.zeros(2, np.complex64)})
+    with pytest.raises(ValueError, match="non-empty strings"):
+        pack_view({"": np.zeros(2, np.float32)})
