@@ -102,9 +102,31 @@ class Codec:
             missing, extra = sorted(expected_keys - set(tensors)), sorted(set(tensors) - expected_keys)
             raise WireError(f"{self.name} update: arrays missing {missing[:8]}, unexpected {extra[:8]}")
         one = self._decode_one if copy else self._decode_one_view
-        decoded = parallel_map(lambda item: one(item[0], item[1], [tensors[item[0] + s] for s in self.suffixes]),
-                               shapes.items(), sum(math.prod(shape) for shape in shapes.values()))
-        return dict(zip(shapes, decoded))
+        piece = self.piece_elements()
+        # the work items: whole tensors, or (their encoding checked whole first) pieces of the large
+        # ones, decoded on every core into the tensor's one output
+        items: list[tuple[str, tuple[int, ...], int | None, np.ndarray | None]] = []
+        outputs: dict[str, np.ndarray] = {}
+        for name, shape in shapes.items():
+            size = math.prod(shape)
+            if not piece or size <= piece:
+                items.append((name, shape, None, None))
+                continue
+            self._check_parts(name, shape, [tensors[name + s] for s in self.suffixes])
+            outputs[name] = np.empty(size, dtype=np.float32)
+            items += [(name, shape, start, outputs[name][start : start + piece]) for start in range(0, size, piece)]
+
+        def decode_item(item) -> np.ndarray | None:
+            name, shape, start, out = item
+            parts = [tensors[name + s] for s in self.suffixes]
+            if start is None:
+                return one(name, shape, parts)
+            self._decode_piece(parts, start, out)
+            return None
+
+        decoded = parallel_map(decode_item, items, sum(math.prod(shape) for shape in shapes.values()))
+        whole = {item[0]: array for item, array in zip(items, decoded) if item[2] is None}
+        return {name: whole[name] if name in whole else outputs[name].reshape(shape) for name, shape in shapes.items()}
 
     def payload_nbytes(self, shapes: Shapes) -> int:
         """Exact payload bytes `encode` produces for tensors of these shapes."""
@@ -122,6 +144,14 @@ class Codec:
         return self._decode_one(name, shape, parts)
 
     def _nbytes_one(self, n: int) -> int:
+        raise NotImplementedError
+
+    def _check_parts(self, name: str, shape: tuple[int, ...], parts: list[np.ndarray]) -> None:
+        """With `piece_elements`: refuse a tensor's encoded parts (WireError) before its pieces decode."""
+        raise NotImplementedError
+
+    def _decode_piece(self, parts: list[np.ndarray], start: int, out: np.ndarray) -> None:
+        """With `piece_elements`: decode elements [start, start + out.size) of a checked tensor into `out`."""
         raise NotImplementedError
 
 
@@ -171,12 +201,12 @@ def quantize_blocks(flat: np.ndarray, block_size: int, levels: int) -> tuple[np.
     return np.concatenate(codes), np.concatenate(scales)
 
 
-def dequantize_blocks(codes: np.ndarray, scale: np.ndarray, block_size: int) -> np.ndarray:
-    """(n,) integer codes and their block scales -> (n,) float32 codes * scale."""
+def dequantize_blocks(codes: np.ndarray, scale: np.ndarray, block_size: int, out: np.ndarray | None = None) -> np.ndarray:
+    """(n,) integer codes and their block scales -> (n,) float32 codes * scale (into `out` if given)."""
     n = codes.size
     n_full = n // block_size
     head = n_full * block_size
-    out = np.empty(n, dtype=np.float32)
+    out = np.empty(n, dtype=np.float32) if out is None else out
     # (n_full, B) * (n_full, 1), then the short last block times its scale.
     out[:head] = (codes[:head].reshape(n_full, block_size).astype(np.float32) * scale[:n_full, None]).reshape(-1)
     if head < n:

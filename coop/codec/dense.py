@@ -124,11 +124,20 @@ class Int8Codec(Codec):
         return max(1, PIECE // self.block_size) * self.block_size  # whole blocks: codes and scales concatenate
 
     def _decode_one(self, name, shape, parts):
+        self._check_parts(name, shape, parts)
+        return dequantize_blocks(*parts, self.block_size).reshape(shape)
+
+    def _check_parts(self, name, shape, parts):
         codes, scale = parts
         n = math.prod(shape)
         _expect(name + ".q", codes, np.int8, (n,))
         check_scales(name, scale, n, self.block_size)
-        return dequantize_blocks(codes, scale, self.block_size).reshape(shape)
+
+    def _decode_piece(self, parts, start, out):
+        codes, scale = parts
+        first = start // self.block_size  # pieces start on a block
+        dequantize_blocks(codes[start : start + out.size], scale[first : first - (-out.size // self.block_size)],
+                          self.block_size, out=out)
 
     def _nbytes_one(self, n):
         return n + 4 * (-(-n // self.block_size))

@@ -394,3 +394,25 @@ def test_int8_encodes_large_tensors_in_pieces_that_join_into_the_whole_encoding(
     bad["big"][-1, -1] = np.nan  # in the last piece
     with pytest.raises(ValueError, match="'big' has NaN"):
         codec.encode(bad)
+
+
+def test_int8_decodes_large_tensors_in_pieces_to_the_whole_decoding_and_refuses_the_same(monkeypatch):
+    import coop.codec.dense as dense
+
+    rng = np.random.default_rng(4)
+    update = {"big": (rng.standard_normal((301, 97)) * 1e-2).astype(np.float32), "small": rng.standard_normal(5).astype(np.float32)}
+    encoded = Int8Codec(7).encode(update)
+    whole = Int8Codec(7).decode(encoded.tensors, encoded.metadata)
+    monkeypatch.setattr(dense, "PIECE", 1000)
+    codec = Int8Codec(7)
+    pieces = codec.decode(encoded.tensors, encoded.metadata)
+    assert list(pieces) == list(whole)
+    for name, array in whole.items():
+        assert pieces[name].shape == array.shape and pieces[name].dtype == np.float32
+        np.testing.assert_array_equal(pieces[name], array, err_msg=name)
+    short = dict(encoded.tensors, **{"big.q": encoded.tensors["big.q"][:-1]})
+    with pytest.raises(WireError, match="big.q"):
+        codec.decode(short, encoded.metadata)
+    negative = dict(encoded.tensors, **{"big.scale": -encoded.tensors["big.scale"]})
+    with pytest.raises(WireError, match="scales must be finite and >= 0"):
+        codec.decode(negative, encoded.metadata)
