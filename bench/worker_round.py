@@ -7,7 +7,7 @@ is timed part by part, for a model size, with the inner step's own time for scal
     inner_step_ms     one captured training step (the round's K of them are the work)
     load_global_s     the first download loaded into the model and made the anchor
     round_tail_s      after the K steps: the pseudo-gradient (anchor - local) to the host
-    encode_s          the codec's encode (int8 by default), pack_s: to the upload's bytes
+    encode_s          the codec's encode (int8 by default), pack_s: laid out as the upload's body
     apply_merge_s     the next round's merged weights loaded, the steps since sending kept on top
     eval_s            the val loss of the global weights on the worker's device (`--eval-batches` windows)
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from coop.codec import get_codec  # noqa: E402
 from coop.replica import InnerConfig, Replica  # noqa: E402
-from coop.wire import pack  # noqa: E402
+from coop.wire import pack_view  # noqa: E402
 from engine.data import TokenDataset  # noqa: E402
 from engine.nn import GPTConfig  # noqa: E402
 
@@ -80,7 +80,7 @@ def main() -> None:
     round_tail_s, delta = timed(replica.pseudo_gradient, args.repeats)  # what run_round does after its last step
     sent = dict(replica.sent_at)
     encode_s, encoded = timed(lambda: codec.encode(delta), args.repeats)
-    pack_s, body = timed(lambda: pack(encoded.tensors, dict(encoded.metadata, round=0)), args.repeats)
+    pack_s, body = timed(lambda: pack_view(encoded.tensors, dict(encoded.metadata, round=0)), args.repeats)  # the worker's
     merged = {n: w - 0.5 * delta[n] for n, w in global_weights.items()}
 
     def apply_merge():
