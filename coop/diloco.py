@@ -23,7 +23,7 @@ import numpy as np
 from . import robust as robust_ops
 from .robust import Flat
 from .spool import MemoryBudget, Spool, SpooledVector
-from .threads import parallel_map, pieces
+from .threads import copy_all, parallel_map, pieces
 
 Weights = Mapping[str, np.ndarray]
 Shapes = Mapping[str, tuple[int, ...]]
@@ -278,9 +278,7 @@ class Aggregator:
             with self._lock:
                 self._ram_used += 4 * size
         flat = np.empty(size, dtype=np.float32)
-        targets = pieces(self._unflatten(flat).values())  # the same cuts of the same sizes, in the same order
-        sources = pieces(np.asarray(update[name]) for name in self.shapes)
-        parallel_map(lambda pair: np.copyto(*pair), list(zip(targets, sources)), size)  # on every core
+        copy_all(self._unflatten(flat).values(), (np.asarray(update[name]) for name in self.shapes))  # every core
         return flat
 
     def _unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -49,3 +51,15 @@ def pieces(arrays: Iterable, piece: int | None = None) -> list:
         flat = array.reshape(-1)
         out += [flat[start : start + piece] for start in range(0, flat.size, piece)] if flat.size > piece else [flat]
     return out
+
+
+def copy_all(targets: Iterable, sources: Iterable) -> None:
+    """targets[i][...] = sources[i] for each pair of arrays of one size (numpy), in pieces on every
+    core. The targets must be contiguous (views written in place: the pieces are views of them)."""
+    targets, sources = list(targets), list(sources)
+    for target, source in zip(targets, sources):
+        if not target.flags.c_contiguous or target.size != source.size:
+            raise ValueError(f"copy_all: a target of {target.size} elements (contiguous: {target.flags.c_contiguous}) "
+                             f"for a source of {source.size}")
+    pairs = list(zip(pieces(targets), pieces(sources)))
+    parallel_map(lambda pair: np.copyto(pair[0], pair[1].reshape(pair[0].shape)), pairs, sum(t.size for t in targets))

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import safetensors.numpy  # writes; reading is ours (checked header, then numpy views)
 
-from .threads import parallel_map, pieces
+from .threads import copy_all
 
 # Metadata lives under this key of the safetensors "__metadata__" map (which only holds strings).
 METADATA_KEY = "json"
@@ -87,8 +87,7 @@ def pack_view(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, Any] | N
     `upload_chunks`). GPT-2's int8 update: 0.25 s in `pack`, 0.06 s here, on 2 cores."""
     arrays = _wire_arrays(tensors)
     laid = lay_out(spec_of(arrays), metadata)
-    pairs = list(zip(pieces(laid.tensors[name] for name in arrays), pieces(arrays.values())))
-    parallel_map(lambda pair: np.copyto(*pair), pairs, sum(a.size for a in arrays.values()))
+    copy_all((laid.tensors[name] for name in arrays), arrays.values())
     return laid.body
 
 

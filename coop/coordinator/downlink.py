@@ -22,6 +22,7 @@ import numpy as np
 from ..codec import Codec, get_codec
 from ..threads import parallel_map
 from ..wire import Laid, pack
+from .served import copy_into
 
 
 @dataclass
@@ -46,7 +47,7 @@ class Downlink:
         self.snapshot_every = snapshot_every
         self.lay = lay  # round -> a new served body of the weights' layout (values still to be written)
         self.laid = lay(round_number)  # V, as views of the body served for the full download
-        _copy(self.laid.tensors, weights, list(weights))
+        copy_into(self.laid.tensors, weights)
         self.delta: Delta | None = None
 
     @property
@@ -59,7 +60,7 @@ class Downlink:
         keep the difference for workers of the last round."""
         new = self.lay(next_round)
         if self.snapshot_every and next_round % self.snapshot_every == 0:
-            _copy(new.tensors, weights, list(weights))
+            copy_into(new.tensors, weights)
             self.laid, self.delta = new, None
             return
         view, size = self.view, sum(weights[n].size for n in names)  # the differences on every core
@@ -67,7 +68,7 @@ class Downlink:
         encoded = self.codec.encode(dict(zip(names, changes)))
         decoded = self.codec.decode(encoded.tensors, encoded.metadata)
         parallel_map(lambda n: np.add(view[n], decoded[n], out=new.tensors[n]), names, size)
-        _copy(new.tensors, view, [n for n in view if n not in decoded])  # the tensors this round left alone
+        copy_into({n: a for n, a in new.tensors.items() if n not in decoded}, view)  # the tensors this round left alone
         self.laid = new
         meta = {**encoded.metadata, "round": next_round, "since": next_round - 1}
         self.delta = Delta(next_round - 1, next_round, pack(encoded.tensors, meta))
@@ -78,8 +79,3 @@ class Downlink:
         if delta is not None and delta.since == since and delta.round == current_round:
             return delta
         return None
-
-
-def _copy(target: dict[str, np.ndarray], source: dict[str, np.ndarray], names: list[str]) -> None:
-    """target[n][...] = source[n] for the names, on every core."""
-    parallel_map(lambda n: np.copyto(target[n], source[n]), names, sum(source[n].size for n in names))

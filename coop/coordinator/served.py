@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from coop.threads import copy_all
 from coop.wire import Laid, TensorSpec, lay_out
-
-from .downlink import Downlink
 
 
 def weights_metadata(model_config: Any, round_number: int) -> dict[str, Any]:
@@ -28,11 +27,12 @@ def lay_out_weights(specs: Mapping[str, TensorSpec], model_config: Any, round_nu
 
 
 def copy_into(target: dict[str, np.ndarray], source: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    for name, array in target.items():
-        array[...] = source[name]
+    """target[n][...] = source[n] for every array of `target` (views of a laid-out body), on every core."""
+    copy_all(target.values(), (np.asarray(source[n]) for n in target))
     return target
 
 
-def body_of(laid: Laid, downlink: Downlink | None) -> memoryview:
-    """What GET /v1/weights serves for the round: the weights' own buffer, or the downlink's view's."""
-    return laid.body if downlink is None else downlink.laid.body
+def body_of(laid: Laid, view: Laid | None) -> memoryview:
+    """What GET /v1/weights serves for the round: the weights' own buffer, or with the compressed
+    downlink its view's (coop.coordinator.downlink)."""
+    return laid.body if view is None else view.body

@@ -119,7 +119,7 @@ class Coordinator:
         else:
             log.info("resumed from %s at round %d (%d workers known)", self.state_dir, first_round,
                      len(self.members.workers))
-        self.weights_body = body_of(self.laid, self.downlink)
+        self.weights_body = body_of(self.laid, self.downlink and self.downlink.laid)
         self.checkpointer = Checkpointer(self.state_dir)
         self.metrics.round.set(self.machine.number)
         # created on the event loop in start()
@@ -402,7 +402,7 @@ class Coordinator:
         # between: GET /v1/weights (which does not take the lock) must never pair the new round
         # number with the old body (a worker that gets such a pair gives up: "weights do not match")
         self.machine.finish(self.clock())
-        self.weights_body = body_of(self.laid, self.downlink)
+        self.weights_body = body_of(self.laid, self.downlink and self.downlink.laid)
         # what the workers wait for: the last checkpoint's write (if still going), the aggregation with the outer step
         record["close_s"] = round(self.clock() - t0, 3)
         record["close_parts_s"] = {"checkpoint_wait": round(t1 - t0, 3), "aggregate": round(self.clock() - t1, 3)}
