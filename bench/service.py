@@ -5,6 +5,8 @@ the same run (coop.training's TrainStep, the step `coop train` and every worker 
 
 - utilisation: each worker's time in inner steps over the wall time of its rounds (from the worker's
   summary line: from its first round's start, so the join and set-up are left out), and the mean;
+  the same after each worker's first round (steady_*: what a long run sees once the first full
+  download, the graph captures and the wait for everyone to join are behind it);
   the seconds per round outside them (download, upload, eval, wait, other), and the GPU's own busy
   fraction over the rounds (nvidia-smi);
 - aggregate tokens/s of the swarm (every accepted token over the rounds' wall time) against the
@@ -38,6 +40,7 @@ MODELS = {  # name -> [model] section and batch size
     "m124": (dict(n_layer=12, n_head=12, n_embd=768, block_size=1024), 8),  # GPT-2 small
 }
 SUMMARY = re.compile(r"inner steps ([\d.]+) s of ([\d.]+) s of rounds \([\d]+%; outside them: ([^)]*)\)")
+STEADY = re.compile(r"after the first round, in " + SUMMARY.pattern)
 PART = re.compile(r"(\w+) ([\d.]+) s")
 
 
@@ -182,16 +185,9 @@ def run_service(args, model: dict, batch: int, work: Path) -> dict:
         for log in logs:
             log.close()
     rounds = [h for h in status["history"] if h.get("round") is not None]
-    utilisation, outside = [], {}
-    for i in range(args.workers):
-        match = SUMMARY.search((work / f"worker{i}.log").read_text())
-        if match:
-            utilisation.append(float(match.group(1)) / float(match.group(2)))
-            parts = {name: float(seconds) for name, seconds in PART.findall(match.group(3))}
-            # the rest: the pseudo-gradient, its encoding, loading merged weights, Python between the parts
-            parts["other"] = float(match.group(2)) - float(match.group(1)) - sum(parts.values())
-            for name, seconds in parts.items():  # per round of this worker, averaged over the workers
-                outside[name] = outside.get(name, 0.0) + seconds / max(1, len(rounds)) / args.workers
+    logs_text = [(work / f"worker{i}.log").read_text() for i in range(args.workers)]
+    utilisation, outside = busy_of(logs_text, SUMMARY, len(rounds))
+    steady, steady_outside = busy_of(logs_text, STEADY, len(rounds) - 1)
     wall = rounds[-1]["closed_at"] - (rounds[0]["closed_at"] - rounds[0]["duration_s"])
     tokens = sum(r["tokens"] for r in rounds)
     per_worker_rounds = max(1, args.workers * len(rounds))
@@ -204,12 +200,32 @@ def run_service(args, model: dict, batch: int, work: Path) -> dict:
             "utilisation": [round(u, 3) for u in utilisation],
             "utilisation_mean": round(sum(utilisation) / len(utilisation), 3) if utilisation else None,
             "outside_s_per_round": {k: round(v, 3) for k, v in outside.items()},
+            # after each worker's first round: its set-up, the full download and the wait for all to join behind it
+            "steady_utilisation": [round(u, 3) for u in steady],
+            "steady_utilisation_mean": round(sum(steady) / len(steady), 3) if steady else None,
+            "steady_outside_s_per_round": {k: round(v, 3) for k, v in steady_outside.items()},
             "gpu_busy": busy.between(rounds[0]["closed_at"] - rounds[0]["duration_s"], rounds[-1]["closed_at"])
             if busy is not None else None,
             "tokens_per_s": round(tokens / wall, 1),
             "bytes_up_per_worker_round": round(status["totals"]["bytes_in"] / per_worker_rounds),
             "bytes_down_per_worker_round": round(status["totals"]["bytes_out"] / per_worker_rounds),
             "val_loss": [r.get("val_loss") for r in status["history"]][-1]}
+
+
+def busy_of(logs: list[str], summary: re.Pattern, rounds: int) -> tuple[list[float], dict[str, float]]:
+    """Each worker's share of time in inner steps (from its summary line, `summary`'s clause of it),
+    and the seconds per round outside them by part, averaged over the workers."""
+    utilisation, outside = [], {}
+    for text in logs:
+        match = summary.search(text)
+        if match:
+            utilisation.append(float(match.group(1)) / float(match.group(2)))
+            parts = {name: float(seconds) for name, seconds in PART.findall(match.group(3))}
+            # the rest: the pseudo-gradient, its encoding, loading merged weights, Python between the parts
+            parts["other"] = float(match.group(2)) - float(match.group(1)) - sum(parts.values())
+            for name, seconds in parts.items():  # per round of this worker, averaged over the workers
+                outside[name] = outside.get(name, 0.0) + seconds / max(1, rounds) / len(logs)
+    return utilisation, outside
 
 
 def main(argv: list[str] | None = None) -> int:

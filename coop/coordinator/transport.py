@@ -17,7 +17,7 @@ its upload, when it would otherwise wait, and the final weights' once the run is
 
 With overlap ([outer] overlap_steps), exchange hands the update to a background thread and
 returns at once ("queued"): the upload, the long-poll and the next download run there while the
-replica trains the next round; the evaluation of round r's weights is queued a window at a time
+replica trains the next round (except after the run's last round, which nothing follows); the evaluation of round r's weights is queued a window at a time
 between those inner steps (on the device it runs in their shadow), and its loss read when the
 replica would wait for r's merge anyway. The update's fate (accepted, stale, ...) arrives in
 `Delivery.settled`.
@@ -73,8 +73,11 @@ class ValCheck:
 class HttpTransport:
     def __init__(self, client: CoordinatorClient, shapes: dict[str, tuple[int, ...]], say: Callable[[str], None],
                  parts: list[list[str]] | None = None, val: ValCheck | None = None, overlap_steps: int = 0,
-                 round_steps: int | None = None):
+                 round_steps: int | None = None, last_round: int | None = None):
         self.client, self.shapes, self.say = client, shapes, say
+        # the run's last round (max_rounds - 1): its update is sent and waited for, never trained
+        # beside, since no round follows it (the steps would be thrown away); None: not known
+        self.last_round = last_round
         # nobody starved: when the others can close the round without us at its deadline, train only
         # the steps that fit before it (token weighting counts them), from our measured step and
         # upload times; round_steps None: always the full round
@@ -222,8 +225,10 @@ class HttpTransport:
         if result.losses:
             self.step_seconds = result.seconds / len(result.losses)
         body = self.pack(contribution)
-        if self.overlap_steps:  # the upload, the round's close and its merge's download in the background
+        if self.overlap_steps:
             self.deferred_eval()  # the last one's, if no wait came to run it
+        if self.overlap_steps and (self.last_round is None or round_index < self.last_round):
+            # the upload, the round's close and its merge's download in the background
             self.eval_due = self.queue_val(round_index, self.weights)  # beside the next steps, read at the wait
             settled: Future = Future()
             self.pending = self.background.submit(self._deliver_then_next, round_index, body, settled)

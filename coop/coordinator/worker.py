@@ -112,6 +112,12 @@ class Worker:
         self.train_seconds = 0.0  # in inner steps, over the rounds that counted
         self.merge_wait_seconds = 0.0  # blocked on a merge in the middle of a round (overlap)
         self.first_round_at: float | None = None
+        # the steady state: from the end of this worker's first round (its set-up, the full download of
+        # the weights and the first wait for everyone to join are behind it) to the end of its run
+        self.first_report: RoundReport | None = None
+        self.steady_from: tuple[float, dict[str, float]] | None = None  # (when, the transport's `spent` then)
+        self.steady_train_seconds = 0.0
+        self.steady_merge_wait_seconds = 0.0
         self.unsettled: RoundReport | None = None  # sent in the background, its answer not yet counted
         self.transport: HttpTransport | None = None
         self.last_loss: float | None = None
@@ -147,7 +153,8 @@ class Worker:
             self.val_check = ValCheck(every, int(info["max_rounds"]), self.evaluate_global, self.start_global)
             self.transport = HttpTransport(self.client, shapes, self.say, parts, self.val_check,
                                            overlap_steps=int(info.get("overlap_steps", 0)),
-                                           round_steps=int(info["inner_steps"]) // len(parts))
+                                           round_steps=int(info["inner_steps"]) // len(parts),
+                                           last_round=int(info["max_rounds"]) - 1)
             self.loop = RoundLoop(self.replica, codec, self.transport, int(info["inner_steps"]) // len(parts))
             n_params = sum(p.numel() for p in self.replica.model.parameters())
             self.say(f"joined {self.client.url} as {info['worker_id']} at round {info['round']}: GPT "
@@ -157,6 +164,7 @@ class Worker:
         else:  # rejoined: keep the model and the inner optimizer state, take the (maybe new) shard
             self.replica.data = shard
             self.val_check.every, self.val_check.max_rounds = every, int(info["max_rounds"])  # a restart may change them
+            self.transport.last_round = int(info["max_rounds"]) - 1
             self.say(f"rejoined as {info['worker_id']} at round {info['round']}")
         if self.heartbeat is None:
             self.heartbeat = Heartbeat(self.client, float(info["heartbeat_s"]))
@@ -238,6 +246,8 @@ class Worker:
             if report is None:
                 self._settle()  # the last update sent in the background
                 return 0
+            if self.first_report is None:
+                self.first_report, self.steady_from = report, (time.monotonic(), dict(self.transport.spent))
             if self._account(report):
                 return 0
 
@@ -272,6 +282,9 @@ class Worker:
             self.tokens += report.result.tokens
             self.train_seconds += report.result.seconds
             self.merge_wait_seconds += report.result.waited
+            if self.first_report is not None and report.result is not self.first_report.result:
+                self.steady_train_seconds += report.result.seconds
+                self.steady_merge_wait_seconds += report.result.waited
             self.last_loss = report.result.mean_loss
             self._progress(report.round, report.result, delivery.nbytes)
             if self.options.max_rounds is not None and self.contributed >= self.options.max_rounds:
@@ -316,7 +329,9 @@ class Worker:
         now = time.monotonic()
         elapsed = now - self.started
         loss = "-" if self.last_loss is None else f"{self.last_loss:.4f}"
-        line = (f"{self.contributed} rounds contributed ({self.stale} refused as stale), {self.tokens:,} tokens, "
+        trained = self.replica.tokens_seen if self.replica is not None else 0
+        thrown = f" (of {trained:,} trained: the rest was in updates not taken)" if trained > self.tokens else ""
+        line = (f"{self.contributed} rounds contributed ({self.stale} refused as stale), {self.tokens:,} tokens{thrown}, "
                 f"last local loss {loss}, up {self.client.bytes_up / 1e6:.1f} MB, down "
                 f"{self.client.bytes_down / 1e6:.1f} MB in {format_duration(elapsed)}")
         if self.first_round_at is None or self.transport is None:
@@ -325,9 +340,20 @@ class Worker:
         rounds = now - self.first_round_at
         spent = dict(self.transport.spent)
         spent["wait"] += self.merge_wait_seconds
-        parts = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in spent.items())
-        return (f"{line}; in inner steps {self.train_seconds:.2f} s of {rounds:.2f} s of rounds "
-                f"({100 * self.train_seconds / max(rounds, 1e-9):.0f}%; outside them: {parts})")
+        line += f"; in inner steps {self.busy(self.train_seconds, rounds, spent)}"
+        if self.steady_from is not None and self.steady_train_seconds > 0:
+            since, spent_then = self.steady_from
+            steady = {name: seconds - spent_then.get(name, 0.0) for name, seconds in self.transport.spent.items()}
+            steady["wait"] += self.steady_merge_wait_seconds
+            line += f"; after the first round, in inner steps {self.busy(self.steady_train_seconds, now - since, steady)}"
+        return line
+
+    @staticmethod
+    def busy(train_seconds: float, seconds: float, outside: dict[str, float]) -> str:
+        """'T s of S s of rounds (P%; outside them: download D s, ...)' of the summary line."""
+        parts = ", ".join(f"{name} {spent:.2f} s" for name, spent in outside.items())
+        return (f"{train_seconds:.2f} s of {seconds:.2f} s of rounds "
+                f"({100 * train_seconds / max(seconds, 1e-9):.0f}%; outside them: {parts})")
 
     def close(self) -> None:
         self.leave()
