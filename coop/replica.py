@@ -17,7 +17,7 @@ import engine
 from engine.data import TokenDataset
 from engine.nn import GPT, GPTConfig
 
-from .training import (Evaluation, PendingEvaluation, TrainStep, evaluate, fixed_windows, load_weights, make_optimizer,
+from .training import (Evaluation, HostLead, PendingEvaluation, TrainStep, evaluate, fixed_windows, load_weights, make_optimizer,
                        parameters_for, to_device, to_host, weights_of)
 
 
@@ -189,8 +189,10 @@ class Replica:
 
         if arrival is not None:  # overlap over a link: train on until the merge has arrived
             ahead = min(inner_steps, apply_after or inner_steps)  # then wait for it
+            lead = HostLead(self.device)  # "arrived?" asked of the step the device is at, the GIL left free
             while len(losses) < ahead and not arrival.done():
                 losses.append(step())
+                lead.step_queued()
             if not arrival.done() and str(self.device).startswith("cuda"):
                 engine.cuda.synchronize(self.device)  # the steps queued so far run out first: training time
             if idle is not None and not arrival.done():  # the GPU would wait anyway: the transport's work first

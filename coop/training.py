@@ -177,6 +177,28 @@ class TrainStep:
             self.captured.reset()
 
 
+class HostLead:
+    """Keeps the host at most `steps` inner steps ahead of the device (nothing on the CPU). Left
+    alone, the host queues steps as fast as it can launch them: a check made between them (has the
+    merge arrived?) then answers for a step the device reaches seconds later, and the host holds
+    the GIL in long runs of launches that the process's other threads (the upload and download
+    beside the steps) wait behind."""
+
+    def __init__(self, device: str, steps: int = 2):
+        on_gpu = str(device).startswith("cuda")
+        self.events = [engine.cuda.Event(device) for _ in range(steps)] if on_gpu else []
+        self.next = 0
+
+    def step_queued(self) -> None:
+        """After queueing a step: mark it, and wait for the one `steps` before it."""
+        if not self.events:
+            return
+        event = self.events[self.next]
+        event.synchronize()  # the step `steps` before this one (at once when never recorded)
+        event.record()
+        self.next = (self.next + 1) % len(self.events)
+
+
 def _on(batch, device: str) -> engine.Tensor:
     return batch if isinstance(batch, engine.Tensor) else engine.tensor(batch, device=device)
 

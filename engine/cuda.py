@@ -8,7 +8,7 @@ backend (engine/backends/cuda/runtime.py); CUDA graphs are engine/graphs/, also 
 from __future__ import annotations
 
 from . import graphs
-from .backends.cuda.runtime import (allow_tf32, build_info, current_device, device_count, empty_cache,
+from .backends.cuda.runtime import (Event, allow_tf32, build_info, current_device, device_count, empty_cache,
                                     get_device_capability, get_device_name, get_device_properties, initial_seed,
                                     is_available, is_built, is_current_stream_capturing, manual_seed,
                                     manual_seed_all, max_memory_allocated, memory_allocated, memory_reserved,
@@ -16,7 +16,7 @@ from .backends.cuda.runtime import (allow_tf32, build_info, current_device, devi
                                     unavailable_reason)
 from .graphs import CapturedStep, CompiledBlock, GraphCaptureWarning, compile_block, graph_step
 
-__all__ = ["allow_tf32", "build_info", "current_device", "device_count", "empty_cache", "get_device_capability",
+__all__ = ["Event", "allow_tf32", "build_info", "current_device", "device_count", "empty_cache", "get_device_capability",
            "get_device_name", "get_device_properties", "initial_seed", "is_available", "is_built",
            "is_current_stream_capturing", "manual_seed", "manual_seed_all", "max_memory_allocated",
            "memory_allocated", "memory_reserved", "reset_peak_memory_stats", "set_allow_tf32", "set_device",

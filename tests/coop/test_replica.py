@@ -74,3 +74,12 @@ def test_an_evaluation_queued_beside_the_inner_steps_gives_the_loss_of_the_weigh
     assert unfinished.step()  # one window of three queued
     assert replica.start_evaluation(second, data, batches=3).result() == want[1]
     assert unfinished.result() == want[0]  # its other windows were queued before the second load
+
+
+def test_host_lead_is_nothing_on_the_cpu():
+    from coop.training import HostLead
+
+    lead = HostLead("cpu")  # the CPU backend runs each op as it is called: nobody is ahead
+    for _ in range(3):
+        lead.step_queued()
+    assert lead.events == []

@@ -62,6 +62,20 @@ bool staged_upload(void* dst, const void* src, std::size_t nbytes, int device) {
 
 }  // namespace
 
+struct StreamEvent {
+    int device;
+    cudaEvent_t event = nullptr;
+    explicit StreamEvent(int device_) : device(device_) {
+        use_device(device);
+        check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "event create");
+    }
+    ~StreamEvent() {
+        if (event != nullptr) cudaEventDestroy(event);
+    }
+    StreamEvent(const StreamEvent&) = delete;
+    StreamEvent& operator=(const StreamEvent&) = delete;
+};
+
 // Host transfers and waits cannot be part of a captured graph: a replay would reuse the host data of
 // the capture, and a wait would wait for work that is only being recorded. Say so, by name.
 static void refuse_in_capture(int device, const char* what) {
@@ -86,6 +100,30 @@ void bind_runtime(py::module_& m) {
         use_device(device);
         check(cudaStreamSynchronize(stream(device)), "synchronize");
     });
+    // A point in the device's stream (torch.cuda.Event's counterpart, without timing): what was
+    // queued before record() has finished once query() is True; synchronize() waits for it
+    // without the GIL. Lets the host stay a bounded number of steps ahead of the device.
+    py::class_<StreamEvent, std::shared_ptr<StreamEvent>>(m, "StreamEvent")
+        .def(py::init<int>(), py::arg("device"))
+        .def("record", [](StreamEvent& e) {
+            refuse_in_capture(e.device, "recording an event");
+            use_device(e.device);
+            check(cudaEventRecord(e.event, stream(e.device)), "event record");
+        })
+        .def("query", [](StreamEvent& e) {
+            cudaError_t status = cudaEventQuery(e.event);
+            if (status == cudaErrorNotReady) {
+                cudaGetLastError();
+                return false;
+            }
+            check(status, "event query");
+            return true;
+        })
+        .def("synchronize", [](StreamEvent& e) {
+            py::gil_scoped_release nogil;
+            check(cudaEventSynchronize(e.event), "event synchronize");
+        })
+        .def_readonly("device", &StreamEvent::device);
     m.def("stream_handle", [](int device) { return reinterpret_cast<std::uintptr_t>(stream(device)); },
           "The cudaStream_t (as an int) all of engine's work on `device` is queued on.");
     m.def("device_properties", [](int device) {

@@ -148,7 +148,9 @@ void bind_graphs(py::module_& m) {
         .def("begin", &CudaGraph::begin)
         .def("end", &CudaGraph::end)
         .def("abort", &CudaGraph::abort)
-        .def("replay", &CudaGraph::replay)
+        // without the GIL: a launch blocks while the device's queue is full, and the process's
+        // other threads (a worker's upload and download beside its inner steps) must run meanwhile
+        .def("replay", &CudaGraph::replay, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("num_nodes", &CudaGraph::num_nodes)
         .def_property_readonly("ready", &CudaGraph::ready)
         .def_property_readonly("device", &CudaGraph::device);

@@ -107,6 +107,26 @@ def synchronize(device=None) -> None:
         native.synchronize(_index(device))
 
 
+class Event:
+    """A point in a device's stream (torch.cuda.Event without timing): `record()` marks what has been
+    queued so far, `query()` says whether it has all run, `synchronize()` waits for it (other Python
+    threads run meanwhile). Needs a usable GPU."""
+
+    def __init__(self, device=None):
+        index = _require(device)
+        self._event = native.StreamEvent(index)
+
+    def record(self) -> Event:
+        self._event.record()
+        return self
+
+    def query(self) -> bool:
+        return bool(self._event.query())
+
+    def synchronize(self) -> None:
+        self._event.synchronize()
+
+
 def memory_allocated(device=None) -> int:
     """Bytes of device memory held by live engine arrays (allocator blocks) on the device."""
     return int(native.mem_stats(_index(device))["allocated"]) if is_available() else 0
