@@ -143,7 +143,7 @@ def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32", pr
     # reduce-overhead: torch.compile replaying CUDA graphs, as our captured step does (the strongest mode)
     fwd = {"compile_bf16": lambda: torch.compile(m),
            "compile_bf16_reduce_overhead": lambda: torch.compile(m, mode="reduce-overhead")}.get(mode, lambda: m)()
-    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if mode.endswith("bf16") else contextlib.nullcontext
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if "bf16" in mode else contextlib.nullcontext
     opt = torch.optim.AdamW(m.parameters(), lr=3e-4, fused=True)
     idx = torch.randint(0, c["V"], (c["B"], c["T"]), device="cuda")
     tgt = torch.randint(0, c["V"], (c["B"], c["T"]), device="cuda")
@@ -183,9 +183,7 @@ def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32", pr
 
 def torch_in_own_process(name: str, mode: str, args) -> dict:
     """bench_torch in a child process: each PyTorch mode alone, with nothing of the engine (or of
-    another mode) in its process. In the engine's process, after the other modes, reduce-overhead
-    ran at a third of its speed (93 against 33 ms a step at gpt2_124m; 33 ms alone), whatever the
-    warm-up and with torch._dynamo.reset() between the modes."""
+    another mode: torch.compile's caches) in its process."""
     argv = [sys.executable, __file__, "--_torch", name, mode, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     child = subprocess.run(argv + (["--profile"] if args.profile else []), capture_output=True, text=True, timeout=1800)
     lines = [line for line in child.stdout.splitlines() if line.startswith("{")]

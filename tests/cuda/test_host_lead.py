@@ -64,7 +64,7 @@ def test_other_threads_run_while_a_replay_waits_for_room_in_the_queue():
 
     def work():
         x = big
-        for _ in range(8):
+        for _ in range(32):  # about a millisecond of device work a step
             x = x @ big
         return x.sum()
 
@@ -93,5 +93,6 @@ def test_other_threads_run_while_a_replay_waits_for_room_in_the_queue():
         thread.join()
     if launch_seconds < 0.3:
         pytest.skip(f"the launch queue took all 2000 steps ({launch_seconds:.2f} s): nothing waited for room")
-    # with the GIL held through each waiting replay: about one turn per step the device finishes
-    assert taken > 20 * 2000, (taken, launch_seconds)
+    # with the GIL held through each waiting replay: at most one turn each time a replay returns
+    # (14 turns in all were seen while a copy launched with the GIL held did the waiting)
+    assert taken > 4 * 2000, (taken, launch_seconds)
