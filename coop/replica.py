@@ -155,7 +155,7 @@ class Replica:
                   merged: Collection[str] | None = None, send: Collection[str] | None = None,
                   apply_after: int = 0, arrival: Future | None = None,
                   idle: Callable[[], None] | None = None,
-                  beside: Callable[[], bool] | None = None) -> RoundResult | None:
+                  beside: Callable[[], bool] | None = None, until: float | None = None) -> RoundResult | None:
         """Take `inner_steps` (K) inner steps from the global weights, return the pseudo-gradient.
 
         Plain DiLoCo uses the defaults: load every global weight, train, send global - local.
@@ -175,8 +175,11 @@ class Replica:
         weights: work for the device that would otherwise sit idle); its seconds count as neither
         training nor waiting. `beside`, if given, is called after each inner step until it returns
         False (the transport's evaluation, one window queued at a time between the steps: on the
-        device it runs in the steps' shadow instead of after them). Returns None when the run ended
-        while it trained."""
+        device it runs in the steps' shadow instead of after them). `until`, if given, is a
+        time.perf_counter() at which the steps after the merge stop, however many are left (at
+        least one is taken; the pseudo-gradient and its tokens are those of the steps taken: the
+        round's deadline, for a worker too slow for K steps). Returns None when the run ended while
+        it trained."""
         start = time.perf_counter()
         losses, waited = [], 0.0
 
@@ -216,10 +219,17 @@ class Replica:
         apply_after = min(apply_after, inner_steps) if any(n in self.sent_at for n in names) else 0
         losses += [step() for _ in range(apply_after - len(losses))]
         self.apply_merge({n: global_weights[n] for n in names}, keep_progress=apply_after > 0)
-        losses += [step() for _ in range(inner_steps - apply_after)]
+        lead = HostLead(self.device) if until is not None else None  # the clock read at the device's step
+        for _ in range(inner_steps - apply_after):
+            if lead is not None and losses and time.perf_counter() >= until:
+                break
+            losses.append(step())
+            if lead is not None:
+                lead.step_queued()
+        taken = len(losses)
         losses = [float(v) for v in engine.stack(losses).numpy()] if losses else []  # one sync per round
         delta = self.pseudo_gradient(send)
-        return RoundResult(delta, inner_steps * self.inner.batch_size * self.inner.block_size, losses,
+        return RoundResult(delta, taken * self.inner.batch_size * self.inner.block_size, losses,
                            time.perf_counter() - start, waited)
 
     def pseudo_gradient(self, send: Collection[str] | None = None) -> dict[str, np.ndarray]:

@@ -50,6 +50,8 @@ class RoundStart:
     # when the run ended); the replica trains on beside it and applies it when it arrives
     arrival: Future | None = None
     steps: int | None = None  # inner steps of this round, when fewer than K fit before its deadline
+    until: float | None = None  # time.perf_counter() by which the inner steps must end (the round's
+    # deadline less the upload): the steps stop there, however many were planned (at least one)
     idle: Callable[[], None] | None = None  # with `arrival`: the transport's work for the training thread
     # while it waits for the merge (coop.replica.Replica.run_round)
     beside: Callable[[], bool] | None = None  # work queued a piece after each inner step, until it returns False
@@ -125,7 +127,7 @@ class RoundLoop:
         if start.reset:
             self.replica.reset_anchor()
         result = self.replica.run_round(start.weights, start.steps or self.inner_steps, merged=start.merged,
-                                        send=start.send, apply_after=start.apply_after)
+                                        send=start.send, apply_after=start.apply_after, until=start.until)
         return self._send(start, result)
 
     def _send(self, start: RoundStart, result: RoundResult) -> RoundReport:

@@ -168,8 +168,9 @@ class HttpTransport:
             if info.get("phase", "open") != "open":  # being aggregated: an update now would be refused
                 self.wait_round_end(round_number, None)
                 continue
+            deadline_in_s = info.get("deadline_in_s")
             return round_start(round_number, self.weights, self.parts, self.accepted_round == round_number - 1,
-                               steps=self.steps_that_fit(info.get("deadline_in_s")))
+                               steps=self.steps_that_fit(deadline_in_s), until=self.steps_end_by(deadline_in_s))
 
     def steps_that_fit(self, deadline_in_s: float | None) -> int | None:
         """The inner steps to take this round: all (None) unless the round can close without us at
@@ -185,6 +186,15 @@ class HttpTransport:
                      f"before it ({max(1, fit)} of {k} now; its update counts by its tokens)")
             self.fitting = True
         return max(1, fit)
+
+    def steps_end_by(self, deadline_in_s: float | None) -> float | None:
+        """The time.perf_counter() by which this round's inner steps must end for the update to make
+        the deadline (with the upload and the same 15% margin), when the others can close the round
+        without us; None: no deadline binds us. A hard stop beside the planned steps: it holds in the
+        first rounds too, before our step time is known, and when a step slows down."""
+        if self.round_steps is None or deadline_in_s is None:
+            return None
+        return time.perf_counter() + 0.85 * deadline_in_s - self.upload_seconds
 
     def fetch_weights(self) -> int:
         """Download the global weights (unless ours are already the open round's). Returns the round."""

@@ -181,11 +181,14 @@ def test_a_slower_worker_trains_what_fits_before_the_deadline_and_is_not_starved
     slow_id = next(w["id"] for w in status["workers"] if w["name"] == "slow")
     fast_id = next(w["id"] for w in status["workers"] if w["name"] == "fast")
     together = [h for h in rounds if fast_id in h["workers"]]  # the rounds once both were in
-    slow_rounds = sum(slow_id in h["workers"] for h in together)
     assert len(together) >= 8, rounds
-    # most rounds (it measures its speed in the first ones; a loaded machine jitters): without the
-    # budget it contributes none of them
-    assert slow_rounds >= 0.7 * len(together), (slow_rounds, len(together), slow.output()[-3000:])
+    # the round in which the fast one joined closed at a deadline the slow one could not know of when
+    # it began it (alone, it was waited for); from the next one on, it stops its steps in time for
+    # the deadline (coop.coordinator.transport: steps_end_by), from its first such round on: the
+    # issue's bar is 90% of the rounds (without the budget it contributes none of them)
+    after_join = together[1:]
+    slow_rounds = sum(slow_id in h["workers"] for h in after_join)
+    assert slow_rounds >= 0.9 * len(after_join), (slow_rounds, len(after_join), slow.output()[-3000:])
     assert slow.wait(30) == 0, slow.output()
     assert "training the steps that fit before it" in slow.output()
     per_round = {w["id"]: w["tokens"] / max(1, w["rounds"]) for w in status["workers"]}
