@@ -17,8 +17,8 @@ import engine
 from engine.data import TokenDataset
 from engine.nn import GPT, GPTConfig
 
-from .training import (Evaluation, HostLead, PendingEvaluation, TrainStep, evaluate, fixed_windows, load_weights, make_optimizer,
-                       parameters_for, to_device, to_host, weights_of)
+from .training import (Evaluation, HostLead, PendingEvaluation, TrainStep, evaluate, fixed_windows, load_weights,
+                       make_optimizer, parameters_for, to_device, to_host, weights_of)
 
 
 @dataclass

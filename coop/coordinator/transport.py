@@ -17,10 +17,10 @@ its upload, when it would otherwise wait, and the final weights' once the run is
 
 With overlap ([outer] overlap_steps), exchange hands the update to a background thread and
 returns at once ("queued"): the upload, the long-poll and the next download run there while the
-replica trains the next round (except after the run's last round, which nothing follows); the evaluation of round r's weights is queued a window at a time
-between those inner steps (on the device it runs in their shadow), and its loss read when the
-replica would wait for r's merge anyway. The update's fate (accepted, stale, ...) arrives in
-`Delivery.settled`.
+replica trains the next round (except after the run's last round, which nothing follows); the
+evaluation of round r's weights is queued a window at a time between those inner steps (on the
+device it runs in their shadow), and its loss read when the replica would wait for r's merge
+anyway. The update's fate (accepted, stale, ...) arrives in `Delivery.settled`.
 """
 from __future__ import annotations
 

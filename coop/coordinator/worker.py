@@ -331,8 +331,8 @@ class Worker:
         loss = "-" if self.last_loss is None else f"{self.last_loss:.4f}"
         trained = self.replica.tokens_seen if self.replica is not None else 0
         thrown = f" (of {trained:,} trained: the rest was in updates not taken)" if trained > self.tokens else ""
-        line = (f"{self.contributed} rounds contributed ({self.stale} refused as stale), {self.tokens:,} tokens{thrown}, "
-                f"last local loss {loss}, up {self.client.bytes_up / 1e6:.1f} MB, down "
+        line = (f"{self.contributed} rounds contributed ({self.stale} refused as stale), {self.tokens:,} tokens"
+                f"{thrown}, last local loss {loss}, up {self.client.bytes_up / 1e6:.1f} MB, down "
                 f"{self.client.bytes_down / 1e6:.1f} MB in {format_duration(elapsed)}")
         if self.first_round_at is None or self.transport is None:
             return line
@@ -345,7 +345,8 @@ class Worker:
             since, spent_then = self.steady_from
             steady = {name: seconds - spent_then.get(name, 0.0) for name, seconds in self.transport.spent.items()}
             steady["wait"] += self.steady_merge_wait_seconds
-            line += f"; after the first round, in inner steps {self.busy(self.steady_train_seconds, now - since, steady)}"
+            steady_part = self.busy(self.steady_train_seconds, now - since, steady)
+            line += f"; after the first round, in inner steps {steady_part}"
         return line
 
     @staticmethod
