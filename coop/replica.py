@@ -49,6 +49,7 @@ class RoundResult:
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0  # in inner steps
     waited: float = 0.0  # blocked on the last round's merge (overlap), not counted in `seconds`
+    finished_at: float = 0.0  # time.perf_counter() when the steps had run (before the pseudo-gradient)
 
     @property
     def mean_loss(self) -> float:
@@ -155,7 +156,8 @@ class Replica:
                   merged: Collection[str] | None = None, send: Collection[str] | None = None,
                   apply_after: int = 0, arrival: Future | None = None,
                   idle: Callable[[], None] | None = None,
-                  beside: Callable[[], bool] | None = None, until: float | None = None) -> RoundResult | None:
+                  beside: Callable[[], bool] | None = None,
+                  until: Callable[[], float | None] | None = None) -> RoundResult | None:
         """Take `inner_steps` (K) inner steps from the global weights, return the pseudo-gradient.
 
         Plain DiLoCo uses the defaults: load every global weight, train, send global - local.
@@ -175,11 +177,11 @@ class Replica:
         weights: work for the device that would otherwise sit idle); its seconds count as neither
         training nor waiting. `beside`, if given, is called after each inner step until it returns
         False (the transport's evaluation, one window queued at a time between the steps: on the
-        device it runs in the steps' shadow instead of after them). `until`, if given, is a
-        time.perf_counter() at which the steps after the merge stop, however many are left (at
-        least one is taken; the pseudo-gradient and its tokens are those of the steps taken: the
-        round's deadline, for a worker too slow for K steps). Returns None when the run ended while
-        it trained."""
+        device it runs in the steps' shadow instead of after them). `until`, if given, says before
+        each step after the merge the time.perf_counter() at which they stop (None: no stop),
+        however many are left (at least one is taken; the pseudo-gradient and its tokens are those
+        of the steps taken: the round's deadline, for a worker too slow for K steps). Returns None
+        when the run ended while it trained."""
         start = time.perf_counter()
         losses, waited = [], 0.0
 
@@ -219,18 +221,22 @@ class Replica:
         apply_after = min(apply_after, inner_steps) if any(n in self.sent_at for n in names) else 0
         losses += [step() for _ in range(apply_after - len(losses))]
         self.apply_merge({n: global_weights[n] for n in names}, keep_progress=apply_after > 0)
-        lead = HostLead(self.device) if until is not None else None  # the clock read at the device's step
+        lead = None  # once a stop binds: the clock read at the step the device is at
         for _ in range(inner_steps - apply_after):
-            if lead is not None and losses and time.perf_counter() >= until:
-                break
+            end = until() if until is not None else None
+            if end is not None:
+                if losses and time.perf_counter() >= end:
+                    break
+                lead = lead or HostLead(self.device)
             losses.append(step())
             if lead is not None:
                 lead.step_queued()
         taken = len(losses)
         losses = [float(v) for v in engine.stack(losses).numpy()] if losses else []  # one sync per round
+        finished_at = time.perf_counter()
         delta = self.pseudo_gradient(send)
         return RoundResult(delta, taken * self.inner.batch_size * self.inner.block_size, losses,
-                           time.perf_counter() - start, waited)
+                           finished_at - start, waited, finished_at)
 
     def pseudo_gradient(self, send: Collection[str] | None = None) -> dict[str, np.ndarray]:
         """anchor - local for the tensors sent (all, or a streaming fragment), in float32, with the

@@ -46,6 +46,10 @@ from .evaluation import eval_due
 
 log = logging.getLogger("coop.worker")
 
+# a worker that the others can close a round without plans its steps and its upload into this share of
+# the time to the deadline, and into less (down to MIN_BUDGET_SHARE) after missing one
+BUDGET_SHARE, MIN_BUDGET_SHARE = 0.85, 0.5
+
 
 @dataclass
 class Delivery:
@@ -83,7 +87,12 @@ class HttpTransport:
         # upload times; round_steps None: always the full round
         self.round_steps = round_steps
         self.step_seconds: float | None = None  # of one inner step, the last round's
-        self.upload_seconds = 0.0  # of the last upload
+        # the round being trained and the time.perf_counter() its steps must end by (None: nobody closes
+        # it without us)
+        self.budget_round: int | None = None
+        self.budget_until: float | None = None
+        self.budget_share = BUDGET_SHARE  # the share of the time to the deadline that the steps and the upload may take
+        self.uploads: list[float] = []  # seconds from the steps' end to the upload's end, the last few
         self.fitting = False  # said that we train fewer steps
         self.parts = parts or [list(shapes)]
         self.val = val
@@ -169,16 +178,17 @@ class HttpTransport:
                 self.wait_round_end(round_number, None)
                 continue
             deadline_in_s = info.get("deadline_in_s")
+            self.budget_round, self.budget_until = round_number, self.steps_end_by(deadline_in_s)
             return round_start(round_number, self.weights, self.parts, self.accepted_round == round_number - 1,
-                               steps=self.steps_that_fit(deadline_in_s), until=self.steps_end_by(deadline_in_s))
+                               steps=self.steps_that_fit(deadline_in_s), until=lambda: self.budget_until)
 
     def steps_that_fit(self, deadline_in_s: float | None) -> int | None:
         """The inner steps to take this round: all (None) unless the round can close without us at
-        its deadline, then as many as fit before it with the upload and a 15% margin (at least 1)."""
+        its deadline, then as many as fit before it with the upload and a margin (at least 1)."""
         k = self.round_steps
         if k is None or deadline_in_s is None or self.step_seconds is None:
             return None
-        fit = int((0.85 * deadline_in_s - self.upload_seconds) / self.step_seconds)
+        fit = int((self.budget_share * deadline_in_s - self.upload_seconds) / self.step_seconds)
         if fit >= k:
             return None
         if not self.fitting:
@@ -189,12 +199,32 @@ class HttpTransport:
 
     def steps_end_by(self, deadline_in_s: float | None) -> float | None:
         """The time.perf_counter() by which this round's inner steps must end for the update to make
-        the deadline (with the upload and the same 15% margin), when the others can close the round
+        the deadline (with the upload and the same margin), when the others can close the round
         without us; None: no deadline binds us. A hard stop beside the planned steps: it holds in the
         first rounds too, before our step time is known, and when a step slows down."""
         if self.round_steps is None or deadline_in_s is None:
             return None
-        return time.perf_counter() + 0.85 * deadline_in_s - self.upload_seconds
+        return time.perf_counter() + self.budget_share * deadline_in_s - self.upload_seconds
+
+    @property
+    def upload_seconds(self) -> float:
+        """What the next round's end and upload are planned to take: the longest of the last three
+        (one sample of a loaded machine's jitter is no plan)."""
+        return max(self.uploads, default=0.0)
+
+    def timed_upload(self, seconds: float) -> None:
+        self.uploads = [*self.uploads[-2:], seconds]
+
+    def learn_from(self, outcome: str) -> None:
+        """After an upload in a round whose deadline bound us: missed (the round closed or was being
+        aggregated when it came), leave more of the time as margin from now on; made, give a little
+        back. A loaded machine's jitter then costs a round or two, not one round in six."""
+        if self.budget_until is None:
+            return
+        if outcome in ("closed", "aggregating"):
+            self.budget_share = max(MIN_BUDGET_SHARE, self.budget_share - 0.1)
+        elif outcome == "accepted":
+            self.budget_share = min(BUDGET_SHARE, self.budget_share + 0.01)
 
     def fetch_weights(self) -> int:
         """Download the global weights (unless ours are already the open round's). Returns the round."""
@@ -243,10 +273,11 @@ class HttpTransport:
             settled: Future = Future()
             self.pending = self.background.submit(self._deliver_then_next, round_index, body, settled)
             return Delivery("queued", len(body), settled=settled)
-        started = time.monotonic()
         with self.timed("upload"):
             outcome = self.upload(round_index, body)
-        self.upload_seconds = time.monotonic() - started
+        # from the steps' end: the pseudo-gradient, its encoding and packing are the upload's to plan for
+        self.timed_upload(time.perf_counter() - (result.finished_at or time.perf_counter()))
+        self.learn_from(outcome)
         if outcome == "accepted":
             self.accepted_round = round_index
             with self.timed("eval"):
@@ -267,7 +298,7 @@ class HttpTransport:
         try:
             started = time.monotonic()
             outcome = self.upload(round_index, body)
-            self.upload_seconds = time.monotonic() - started
+            self.timed_upload(time.monotonic() - started)
         except BaseException as error:
             settled.set_exception(error)
             raise

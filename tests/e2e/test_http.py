@@ -183,12 +183,15 @@ def test_a_slower_worker_trains_what_fits_before_the_deadline_and_is_not_starved
     together = [h for h in rounds if fast_id in h["workers"]]  # the rounds once both were in
     assert len(together) >= 8, rounds
     # the round in which the fast one joined closed at a deadline the slow one could not know of when
-    # it began it (alone, it was waited for); from the next one on, it stops its steps in time for
-    # the deadline (coop.coordinator.transport: steps_end_by), from its first such round on: the
-    # issue's bar is 90% of the rounds (without the budget it contributes none of them)
-    after_join = together[1:]
-    slow_rounds = sum(slow_id in h["workers"] for h in after_join)
-    assert slow_rounds >= 0.9 * len(after_join), (slow_rounds, len(after_join), slow.output()[-3000:])
+    # it began it (alone, it was waited for); training all K steps of it, it can miss the next one
+    # too. From its first round with a deadline on, it stops its steps in time for it
+    # (coop.coordinator.transport: steps_end_by): seen on two cores, every round from there; the
+    # issue's bar is 90%. Without the budget it contributes none of them.
+    first = next((i for i, h in enumerate(together) if slow_id in h["workers"]), len(together))
+    assert first <= 3, (first, slow.output()[-3000:])
+    settled = together[first:]
+    slow_rounds = sum(slow_id in h["workers"] for h in settled)
+    assert slow_rounds >= 0.9 * len(settled), (slow_rounds, len(settled), slow.output()[-3000:])
     assert slow.wait(30) == 0, slow.output()
     assert "training the steps that fit before it" in slow.output()
     per_round = {w["id"]: w["tokens"] / max(1, w["rounds"]) for w in status["workers"]}
