@@ -156,8 +156,7 @@ class Replica:
                   merged: Collection[str] | None = None, send: Collection[str] | None = None,
                   apply_after: int = 0, arrival: Future | None = None,
                   idle: Callable[[], None] | None = None,
-                  beside: Callable[[], bool] | None = None,
-                  until: Callable[[], float | None] | None = None) -> RoundResult | None:
+                  beside: Callable[[], bool] | None = None, until: float | None = None) -> RoundResult | None:
         """Take `inner_steps` (K) inner steps from the global weights, return the pseudo-gradient.
 
         Plain DiLoCo uses the defaults: load every global weight, train, send global - local.
@@ -177,11 +176,11 @@ class Replica:
         weights: work for the device that would otherwise sit idle); its seconds count as neither
         training nor waiting. `beside`, if given, is called after each inner step until it returns
         False (the transport's evaluation, one window queued at a time between the steps: on the
-        device it runs in the steps' shadow instead of after them). `until`, if given, says before
-        each step after the merge the time.perf_counter() at which they stop (None: no stop),
-        however many are left (at least one is taken; the pseudo-gradient and its tokens are those
-        of the steps taken: the round's deadline, for a worker too slow for K steps). Returns None
-        when the run ended while it trained."""
+        device it runs in the steps' shadow instead of after them). `until`, if given, is a
+        time.perf_counter() at which the steps after the merge stop, however many are left (at
+        least one is taken; the pseudo-gradient and its tokens are those of the steps taken: the
+        round's deadline, for a worker too slow for K steps). Returns None when the run ended while
+        it trained."""
         start = time.perf_counter()
         losses, waited = [], 0.0
 
@@ -221,13 +220,10 @@ class Replica:
         apply_after = min(apply_after, inner_steps) if any(n in self.sent_at for n in names) else 0
         losses += [step() for _ in range(apply_after - len(losses))]
         self.apply_merge({n: global_weights[n] for n in names}, keep_progress=apply_after > 0)
-        lead = None  # once a stop binds: the clock read at the step the device is at
+        lead = HostLead(self.device) if until is not None else None  # the clock read at the device's step
         for _ in range(inner_steps - apply_after):
-            end = until() if until is not None else None
-            if end is not None:
-                if losses and time.perf_counter() >= end:
-                    break
-                lead = lead or HostLead(self.device)
+            if until is not None and losses and time.perf_counter() >= until:
+                break
             losses.append(step())
             if lead is not None:
                 lead.step_queued()

@@ -50,9 +50,8 @@ class RoundStart:
     # when the run ended); the replica trains on beside it and applies it when it arrives
     arrival: Future | None = None
     steps: int | None = None  # inner steps of this round, when fewer than K fit before its deadline
-    until: Callable[[], float | None] | None = None  # the time.perf_counter() by which the inner steps
-    # must end (the round's deadline less the upload; None: no deadline), asked before each step: the
-    # steps stop there, however many were planned (at least one)
+    until: float | None = None  # time.perf_counter() by which the inner steps must end (the round's
+    # deadline less the round end and upload): the steps stop there, however many were planned (at least one)
     idle: Callable[[], None] | None = None  # with `arrival`: the transport's work for the training thread
     # while it waits for the merge (coop.replica.Replica.run_round)
     beside: Callable[[], bool] | None = None  # work queued a piece after each inner step, until it returns False

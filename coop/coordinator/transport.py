@@ -38,6 +38,7 @@ import httpx
 import numpy as np
 
 from ..codec import decode
+from ..replica import RoundResult
 from ..round import Contribution, RoundStart
 from ..streaming import round_start
 from ..wire import WireError, pack_view, unpack, upload_chunks
@@ -87,9 +88,8 @@ class HttpTransport:
         # upload times; round_steps None: always the full round
         self.round_steps = round_steps
         self.step_seconds: float | None = None  # of one inner step, the last round's
-        # the round being trained and the time.perf_counter() its steps must end by (None: nobody closes
+        # the time.perf_counter() the steps of the round being trained must end by (None: nobody closes
         # it without us)
-        self.budget_round: int | None = None
         self.budget_until: float | None = None
         self.budget_share = BUDGET_SHARE  # the share of the time to the deadline that the steps and the upload may take
         self.uploads: list[float] = []  # seconds from the steps' end to the upload's end, the last few
@@ -178,9 +178,9 @@ class HttpTransport:
                 self.wait_round_end(round_number, None)
                 continue
             deadline_in_s = info.get("deadline_in_s")
-            self.budget_round, self.budget_until = round_number, self.steps_end_by(deadline_in_s)
+            self.budget_until = self.steps_end_by(deadline_in_s)
             return round_start(round_number, self.weights, self.parts, self.accepted_round == round_number - 1,
-                               steps=self.steps_that_fit(deadline_in_s), until=lambda: self.budget_until)
+                               steps=self.steps_that_fit(deadline_in_s), until=self.budget_until)
 
     def steps_that_fit(self, deadline_in_s: float | None) -> int | None:
         """The inner steps to take this round: all (None) unless the round can close without us at
@@ -212,8 +212,10 @@ class HttpTransport:
         (one sample of a loaded machine's jitter is no plan)."""
         return max(self.uploads, default=0.0)
 
-    def timed_upload(self, seconds: float) -> None:
-        self.uploads = [*self.uploads[-2:], seconds]
+    def timed_upload(self, result: RoundResult) -> None:
+        """After an upload: the seconds from the round's steps' end (the pseudo-gradient, its encoding
+        and packing are the upload's to plan for)."""
+        self.uploads = [*self.uploads[-2:], time.perf_counter() - (result.finished_at or time.perf_counter())]
 
     def learn_from(self, outcome: str) -> None:
         """After an upload in a round whose deadline bound us: missed (the round closed or was being
@@ -271,12 +273,11 @@ class HttpTransport:
             # the upload, the round's close and its merge's download in the background
             self.eval_due = self.queue_val(round_index, self.weights)  # beside the next steps, read at the wait
             settled: Future = Future()
-            self.pending = self.background.submit(self._deliver_then_next, round_index, body, settled)
+            self.pending = self.background.submit(self._deliver_then_next, round_index, body, settled, result)
             return Delivery("queued", len(body), settled=settled)
         with self.timed("upload"):
             outcome = self.upload(round_index, body)
-        # from the steps' end: the pseudo-gradient, its encoding and packing are the upload's to plan for
-        self.timed_upload(time.perf_counter() - (result.finished_at or time.perf_counter()))
+        self.timed_upload(result)
         self.learn_from(outcome)
         if outcome == "accepted":
             self.accepted_round = round_index
@@ -291,14 +292,14 @@ class HttpTransport:
             self.wait_round_end(round_index, None)
         return Delivery(outcome, len(body), outcome == "done")
 
-    def _deliver_then_next(self, round_index: int, body: memoryview, settled: Future) -> RoundStart | None:
+    def _deliver_then_next(self, round_index: int, body: memoryview, settled: Future,
+                           result: RoundResult) -> RoundStart | None:
         """In the background: upload round r's update (its answer to `settled`), wait for r to close,
         then the next round's start; None when the run is done (the training thread's next begin()
         evaluates the final weights and ends)."""
         try:
-            started = time.monotonic()
             outcome = self.upload(round_index, body)
-            self.timed_upload(time.monotonic() - started)
+            self.timed_upload(result)
         except BaseException as error:
             settled.set_exception(error)
             raise
