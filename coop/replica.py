@@ -17,6 +17,7 @@ import engine
 from engine.data import TokenDataset
 from engine.nn import GPT, GPTConfig
 
+from .eager import EagerOuter
 from .training import (Evaluation, HostLead, PendingEvaluation, TrainStep, evaluate, fixed_windows, load_weights,
                        make_optimizer, parameters_for, to_device, to_host, weights_of)
 
@@ -84,6 +85,9 @@ class Replica:
         self.anchor: dict[str, engine.Tensor] = {}  # global weights last loaded: what deltas are taken against
         self.sent_at: dict[str, engine.Tensor] = {}  # local weights when last sent, until their merge is loaded
         self.anchored: dict[str, np.ndarray] = {}  # the host arrays the anchor was loaded from (not copies)
+        # overlap: the outer step taken at once with this replica's own update (coop.eager); None: the
+        # steps beside the merge start from the replica's end of round
+        self.eager: EagerOuter | None = None
         self.graph = graph
         self._evaluation: Evaluation | None = None  # evaluate_weights' own copy of the model, made on first use
         self._staged: tuple | None = None  # (data, batches, part, the windows on the device) of the last evaluation
@@ -156,7 +160,8 @@ class Replica:
                   merged: Collection[str] | None = None, send: Collection[str] | None = None,
                   apply_after: int = 0, arrival: Future | None = None,
                   idle: Callable[[], None] | None = None,
-                  beside: Callable[[], bool] | None = None, until: float | None = None) -> RoundResult | None:
+                  beside: Callable[[], bool] | None = None, until: float | None = None,
+                  merge_round: int | None = None) -> RoundResult | None:
         """Take `inner_steps` (K) inner steps from the global weights, return the pseudo-gradient.
 
         Plain DiLoCo uses the defaults: load every global weight, train, send global - local.
@@ -165,8 +170,11 @@ class Replica:
         With overlap (`apply_after` > 0) the merge arrives that many inner steps into the round:
         the steps taken since the update was sent are kept on top of it (one-step-delayed outer
         update), local <- global + (local - local_when_sent), as streaming DiLoCo's overlap and
-        "eager updates" do. Each pseudo-gradient is taken against the global weights last loaded
-        (the anchor), so nothing is counted twice or lost; apply_after = 0 is plain DiLoCo exactly.
+        "eager updates" do. With `eager` set and `merge_round` (the round whose merge is awaited)
+        given, those steps start from the eager guess of the merge (coop.eager) instead of the
+        replica's own end of round, and local <- global + (local - guess). Each pseudo-gradient is
+        taken against the global weights last loaded (the anchor), so nothing is counted twice or
+        lost; apply_after = 0 is plain DiLoCo exactly.
 
         Over a real link the merge's arrival time is not known: `arrival` is a Future of the round's
         start (anything with .weights, .merged, .send; None: the run ended) that the replica trains
@@ -194,6 +202,7 @@ class Replica:
         if arrival is not None:  # overlap over a link: train on until the merge has arrived
             ahead = min(inner_steps, apply_after or inner_steps)  # then wait for it
             lead = HostLead(self.device)  # "arrived?" asked of the step the device is at, the GIL left free
+            self.step_eagerly(merge_round)
             while len(losses) < ahead and not arrival.done():
                 losses.append(step())
                 lead.step_queued()
@@ -218,8 +227,10 @@ class Replica:
             merged, apply_after = None, 0
         names = list(global_weights) if merged is None else list(merged)
         apply_after = min(apply_after, inner_steps) if any(n in self.sent_at for n in names) else 0
+        if apply_after > len(losses) and arrival is None:  # the merge comes this many steps into the round
+            self.step_eagerly(merge_round)
         losses += [step() for _ in range(apply_after - len(losses))]
-        self.apply_merge({n: global_weights[n] for n in names}, keep_progress=apply_after > 0)
+        self.apply_merge({n: global_weights[n] for n in names}, keep_progress=apply_after > 0, merge_round=merge_round)
         lead = HostLead(self.device) if until is not None else None  # the clock read at the device's step
         for _ in range(inner_steps - apply_after):
             if until is not None and losses and time.perf_counter() >= until:
@@ -245,10 +256,24 @@ class Replica:
             self.sent_at = {n: params[n].detach().clone() for n in sent}
         return delta
 
-    def apply_merge(self, global_weights: dict[str, np.ndarray], keep_progress: bool = False) -> None:
+    def step_eagerly(self, merge_round: int | None) -> None:
+        """Before training beside the merge of `merge_round`: move the tensors sent to the eager
+        guess of that merge (coop.eager), which the merge's arrival then takes as "when sent"."""
+        if self.eager is None or merge_round is None:
+            return
+        params = dict(self.model.named_parameters())
+        with engine.no_grad():
+            for name, sent in self.sent_at.items():
+                guess = self.eager.guess(name, self.anchor[name], sent, merge_round)
+                params[name].copy_(params[name] - sent + guess)
+                self.sent_at[name] = guess
+
+    def apply_merge(self, global_weights: dict[str, np.ndarray], keep_progress: bool = False,
+                    merge_round: int | None = None) -> None:
         """Load merged global weights (all or a fragment) and make them the anchor of the next
         pseudo-gradient; with keep_progress, the steps taken since sending are added on top:
-        local <- global + (local - local when sent), on the device after one copy there."""
+        local <- global + (local - local when sent), on the device after one copy there. With
+        `merge_round` (the round this merge closed) the eager step's momentum follows the move."""
         params = parameters_for(self.model, global_weights, partial=True)  # names and shapes checked first
         merged = to_device(global_weights, self.device)  # copies: the caller's arrays move on
         with engine.no_grad():
@@ -256,6 +281,8 @@ class Replica:
                 sent = self.sent_at.pop(name, None)
                 p = params[name]
                 p.copy_(weight + (p - sent) if keep_progress and sent is not None else weight)
+                if self.eager is not None and merge_round is not None and name in self.anchor:
+                    self.eager.observe(name, self.anchor[name], weight, merge_round)
                 self.anchor[name] = weight
                 self.anchored[name] = global_weights[name]  # what evaluate_weights may be asked about again
 
@@ -263,6 +290,8 @@ class Replica:
         """Forget the anchor and what was sent: the next round loads every global weight (a replica
         that missed merges, or rejoined, must not take a pseudo-gradient against stale weights)."""
         self.anchor, self.sent_at, self.anchored = {}, {}, {}
+        if self.eager is not None:
+            self.eager.forget()
 
     def evaluate(self, data: TokenDataset, batches: int = 8, part: tuple[int, int] = (0, 1)) -> float:
         """Mean loss of the replica's own weights over `batches` fixed random windows of `data` (the

@@ -108,6 +108,7 @@ class RoundLoop:
         if inner_steps < 1:
             raise ValueError(f"inner_steps must be at least 1, got {inner_steps}")
         self.replica, self.codec, self.transport, self.inner_steps = replica, codec, transport, inner_steps
+        self.sent_round: int | None = None  # the round of the last pseudo-gradient made: its merge comes next
 
     def run_round(self) -> RoundReport | None:
         """One round; None when the transport says the run is over."""
@@ -117,7 +118,7 @@ class RoundLoop:
         if start.arrival is not None:  # overlap: train on while the last round's merge comes
             result = self.replica.run_round(None, self.inner_steps, arrival=start.arrival,
                                             apply_after=start.apply_after or self.inner_steps, idle=start.idle,
-                                            beside=start.beside)
+                                            beside=start.beside, merge_round=self.sent_round)
             arrived = start.arrival.result()
             if result is None or arrived is None:  # the run ended meanwhile: the transport says so next
                 return self.run_round()
@@ -127,10 +128,12 @@ class RoundLoop:
         if start.reset:
             self.replica.reset_anchor()
         result = self.replica.run_round(start.weights, start.steps or self.inner_steps, merged=start.merged,
-                                        send=start.send, apply_after=start.apply_after, until=start.until)
+                                        send=start.send, apply_after=start.apply_after, until=start.until,
+                                        merge_round=self.sent_round)
         return self._send(start, result)
 
     def _send(self, start: RoundStart, result: RoundResult) -> RoundReport:
+        self.sent_round = start.round
         try:
             contribution = Contribution(start.round, self.codec.encode(result.pseudo_gradient), self.codec, result)
         except ValueError as error:  # NaN/inf: the replica diverged; its update must not count

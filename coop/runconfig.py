@@ -139,6 +139,9 @@ class OuterSection(Section):
     # at most this many steps ahead: then it waits for the merge (the delay stays a fraction of a
     # round, as streaming DiLoCo's overlap; a whole round of delay cost 8-90% in val loss). 0: off
     overlap_steps: int = Field(0, ge=0)
+    # overlap: the steps beside the merge start from the outer step the worker can take alone, its own
+    # update standing in for the round's mean (eager updates, coop.eager); false: from its end of round
+    eager: bool = True
 
     @model_validator(mode="after")
     def _nesterov_needs_momentum(self) -> OuterSection:

@@ -35,6 +35,8 @@ from engine.data import TokenDataset
 from engine.nn import GPTConfig
 
 from ..codec import get_codec
+from ..eager import EagerOuter
+from ..outer import NesterovSGD
 from ..progress import Progress, format_duration
 from ..replica import InnerConfig, Replica
 from ..round import RoundLoop, RoundReport
@@ -95,6 +97,21 @@ def shard_cache_path(cache_dir: Path, info: dict[str, Any]) -> Path:
     return path
 
 
+def eager_outer(info: dict[str, Any]) -> EagerOuter | None:
+    """The eager step of the run's overlap (coop.eager), from the join's answer; None without overlap,
+    with `[outer] eager = false`, or from a coordinator that does not say its outer step."""
+    outer = info.get("outer")
+    if not int(info.get("overlap_steps", 0)) or not isinstance(outer, dict) or not outer.get("eager"):
+        return None
+    try:
+        return EagerOuter.of(NesterovSGD(float(outer["lr"]), float(outer["momentum"]), bool(outer["nesterov"]),
+                                         int(outer["warmup_steps"]), int(outer.get("decay_steps", 0)),
+                                         float(outer.get("min_lr_factor", 0.1))))
+    except (KeyError, TypeError, ValueError) as error:
+        log.warning("the coordinator's outer step is unreadable (%s); the overlap starts from the round's end", error)
+        return None
+
+
 class Worker:
     def __init__(self, options: WorkerOptions, out=sys.stderr):
         self.options = options
@@ -125,6 +142,13 @@ class Worker:
         self.heartbeat: Heartbeat | None = None
         self.progress: Progress | None = None
 
+    def _overlap_said(self, info: dict[str, Any]) -> str:
+        steps = int(info.get("overlap_steps", 0))
+        if not steps:
+            return ""
+        start = "the eager outer step" if self.replica.eager is not None else "the round's end"
+        return f"; overlap up to {steps} steps, from {start}"
+
     def say(self, message: str) -> None:
         if self.progress is not None:
             self.progress.note(message)
@@ -147,6 +171,7 @@ class Worker:
             inner = InnerConfig(**info["inner"])
             make = self.options.replica_factory or Replica
             self.replica = make(model_config, shard, inner, device=self.options.device, seed=int(info["seed"]))
+            self.replica.eager = eager_outer(info)
             shapes = {name: tuple(p.shape) for name, p in self.replica.model.named_parameters()}
             codec = get_codec(info["compression"]["codec"], **info["compression"]["options"])
             parts = fragments(shapes, int(info.get("fragments", 1)))  # streaming DiLoCo: a fragment a round
@@ -160,7 +185,7 @@ class Worker:
             self.say(f"joined {self.client.url} as {info['worker_id']} at round {info['round']}: GPT "
                      f"{n_params / 1e6:.2f}M parameters, K = {info['inner_steps']}, codec "
                      f"{info['compression']['codec']}, shard {info['shard']['index']}/{info['shard']['count']} "
-                     f"({len(shard):,} tokens), device {self.options.device_label}")
+                     f"({len(shard):,} tokens), device {self.options.device_label}" + self._overlap_said(info))
         else:  # rejoined: keep the model and the inner optimizer state, take the (maybe new) shard
             self.replica.data = shard
             self.val_check.every, self.val_check.max_rounds = every, int(info["max_rounds"])  # a restart may change them

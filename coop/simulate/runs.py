@@ -10,13 +10,14 @@ import numpy as np
 import engine
 from engine.data import TokenDataset
 
+from ..eager import EagerOuter
 from ..replica import Replica
 from ..devices import device_problem, spread_device
 from ..round import RoundLoop
 from . import report
 from .adversary import AdversarialReplica
 from .config import SimulateConfig, codec_for
-from .setup import Setup, build_setup, copy_weights, data_seed, evaluate, inner_config, new_replica
+from .setup import Setup, build_setup, copy_weights, data_seed, evaluate, inner_config, new_replica, outer_optimizer
 from .transport import TOPOLOGIES, InProcessTransport, close_round, gossip_module
 
 
@@ -45,6 +46,8 @@ def run_diloco(setup: Setup, codec_name: str, jsonl: Path | None = None) -> RunR
     for i in range(n):
         replica = new_replica(setup, setup.shards[i], inner, data_seed(cfg.seed, i),  # --device cuda: round robin
                               device=spread_device(cfg.device, i), **adversary(cfg, i))
+        if cfg.overlap_steps and cfg.eager and cfg.topology == "star":  # the merge's outer step, known to it
+            replica.eager = EagerOuter.of(outer_optimizer(cfg), first, parts)
         if optimizer_state is not None:  # every replica goes local from the synchronous phase's state
             replica.load_global(initial)
             replica.optimizer.load_state_dict(optimizer_state)

@@ -130,6 +130,7 @@ def test_overlapping_workers_train_while_the_round_closes_and_lose_nothing(tmp_p
         # every step trained went into an update: none after the last round (which nothing follows)
         assert re.search(r"done: 8 rounds contributed \(0 refused as stale\), [\d,]+ tokens, last", worker.output())
         assert "; after the first round, in inner steps" in worker.output()  # the steady state, apart
+        assert "overlap up to 1 steps, from the eager outer step" in worker.output()  # coop.eager
 
 
 def test_workers_on_the_compressed_downlink_follow_the_coordinators_view(tmp_path, procs):
