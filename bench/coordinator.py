@@ -35,6 +35,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from coop.diloco import DEFAULT_RULE  # noqa: E402 (after the path)
 
 GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50304}
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "vocab_size": 512}
@@ -48,7 +49,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_config(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | None = None) -> dict:
+def run_config(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | None = None,
+               aggregation: str | None = None) -> dict:
     return {
         "model": model,
         "data": {"default_chars": 400_000, "shards": workers},
@@ -56,7 +58,7 @@ def run_config(model: dict, codec: str, workers: int, rounds: int, ram_mb: float
         "compression": {"codec": codec, "options": {"block_size": 256} if codec == "int8" else {}},
         "rounds": {"max_rounds": rounds, "min_workers": workers, "quorum_fraction": 1.0, "eval_every": 0,
                    "worker_timeout_s": 600, "heartbeat_s": 30, "max_deadline_s": 3600},
-        "coordinator": {"ram_for_updates_mb": ram_mb},
+        "coordinator": {"ram_for_updates_mb": ram_mb, **({"aggregation": aggregation} if aggregation else {})},
     }
 
 
@@ -74,10 +76,11 @@ def rss_mb(pid: int) -> float:
         return float("nan")
 
 
-def bench(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | None = None) -> dict:
+def bench(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | None = None,
+          aggregation: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="coop-bench-") as tmp:
         config_path = Path(tmp) / "run.json"
-        config_path.write_text(json.dumps(run_config(model, codec, workers, rounds, ram_mb)))
+        config_path.write_text(json.dumps(run_config(model, codec, workers, rounds, ram_mb, aggregation)))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log = open(Path(tmp) / "coordinator.log", "wb")
@@ -137,6 +140,7 @@ def bench(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | No
     return {
         "bench": "coordinator",
         "codec": codec,
+        "aggregation": aggregation or DEFAULT_RULE,
         "ram_for_updates_mb": ram_mb,  # None: the default, half the memory available at start
         "parameters": status["model"]["parameters"],
         "workers": workers,
@@ -229,6 +233,8 @@ def main() -> None:
     parser.add_argument("--ram-for-updates-mb", type=float, default=None,
                         help="[coordinator] ram_for_updates_mb: uploads and kept updates in RAM up to this, the rest "
                              "through the spool (0: all through the disk; default: half the available memory)")
+    parser.add_argument("--aggregation", help="[coordinator] aggregation: the merge's rule (default: the run "
+                        "config's, filtered_mean, which keeps every update until the close; mean streams them)")
     parser.add_argument("--codec", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--_worker", help=argparse.SUPPRESS)
     parser.add_argument("--_seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -238,7 +244,7 @@ def main() -> None:
         return
     for codec in args.codecs:
         print(json.dumps(bench(TINY if args.small else GPT2_SMALL, codec, args.workers, args.rounds,
-                               ram_mb=args.ram_for_updates_mb)), flush=True)
+                               ram_mb=args.ram_for_updates_mb, aggregation=args.aggregation)), flush=True)
 
 
 if __name__ == "__main__":
