@@ -65,6 +65,7 @@ warmup_steps = 10
 [outer]
 fragments = {args.fragments}
 overlap_steps = {args.overlap_steps}
+eager = {"true" if args.eager else "false"}
 [compression]
 codec = "{args.codec}"
 downlink = "{args.downlink}"
@@ -241,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="[compression] downlink: codec = each round's change in the run's codec")
     ap.add_argument("--overlap-steps", type=int, default=0,
                     help="[outer] overlap_steps: train on (up to this many steps) while the round closes")
+    ap.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
+                    help="[outer] eager: the overlapped steps start from the eager outer step (coop.eager)")
     ap.add_argument("--limit-rate", help="each worker's link, e.g. 1Gbit or 100Mbit (coop-worker join --limit-rate)")
     ap.add_argument("--latency", help="each worker's added latency, e.g. 50ms (coop-worker join --latency)")
     ap.add_argument("--eval-every", type=int, default=1)
@@ -255,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="coop-service-") as tmp:
         result = run_service(args, model, batch, Path(tmp))
     line = {"bench": "service", "model": args.model, "device": args.device, "workers": args.workers,
-            "inner_steps": args.inner_steps, "fragments": args.fragments, "overlap_steps": args.overlap_steps, "codec": args.codec, "downlink": args.downlink,
+            "inner_steps": args.inner_steps, "fragments": args.fragments, "overlap_steps": args.overlap_steps,
+            "eager": args.eager, "codec": args.codec, "downlink": args.downlink,
             "limit_rate": args.limit_rate, "latency": args.latency,
             "eval_every": args.eval_every, **result}
     if alone:
