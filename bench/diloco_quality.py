@@ -108,7 +108,7 @@ PLANS = {
             {"compression": "int4", "inner_steps": 20, "outer_lr": 0.5},
             {"inner_steps": 50}]),
     ],
-    # overlap at the service's K = 100: the merge applied 30 / 60 / 90 steps into the next round, the
+    # overlap at the service's K = 100: the merge applied 10 / 30 / 60 / 90 steps into the next round, the
     # steps beside it from the replica's end of round ("eager": False) or from the eager guess (coop.eager)
     "overlap": [
         ("stdlib40m-10.8M-x4", {"corpus": "stdlib", "split": "whole", "steps": 4000, **M10, **FAST_MERGE}, [
@@ -117,7 +117,8 @@ PLANS = {
             {"compression": "int8", "inner_steps": 100, "overlap_steps": 30, "eager": True},
             {"compression": "int8", "inner_steps": 100, "overlap_steps": 60, "eager": False},
             {"compression": "int8", "inner_steps": 100, "overlap_steps": 60, "eager": True},
-            {"compression": "int8", "inner_steps": 100, "overlap_steps": 90, "eager": True}]),
+            {"compression": "int8", "inner_steps": 100, "overlap_steps": 90, "eager": True},
+            {"compression": "int8", "inner_steps": 100, "overlap_steps": 10, "eager": True}]),
     ],
     "smoke": [
         ("stdlib-smoke", {"corpus": "stdlib", "split": "whole", "default_corpus_chars": 200_000, "n_layer": 1,

@@ -15,7 +15,7 @@ from . import functional as F
 from . import init
 from .layers import Dropout, Embedding, LayerNorm, Linear
 from .module import Module, ModuleDict, ModuleList
-from .transformer import KVCache, TransformerBlock
+from .transformer import KVCache, TransformerBlock, run_blocks
 
 
 @dataclass
@@ -82,9 +82,7 @@ class GPT(Module):
                              "crop the input (generate() does this itself)")
         tr = self.transformer
         x = tr["drop"](tr["wte"](idx) + tr["wpe"](arange(start, start + T, device=idx.device)))
-        for i, block in enumerate(tr["h"]):
-            x = block(x, None if caches is None else caches[i])
-        return tr["ln_f"](x)
+        return run_blocks(tr["h"], x, tr["ln_f"], caches)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None, *, return_logits: bool = False):
         """idx (B, T) int64 -> (logits (B, T, V), None); with targets (B, T) -> (None, loss).

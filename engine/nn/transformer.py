@@ -94,8 +94,33 @@ class TransformerBlock(Module):
         self.mlp = MLP(n_embd, dropout, bias)
 
     def forward(self, x: Tensor, cache: KVCache | None = None, attn_mask: Tensor | None = None) -> Tensor:
-        x, h = self.ln_2.add_forward(x, self.attn(self.ln_1(x), cache, attn_mask))  # x + attn(...), ln_2 of it
-        return x + self.mlp(h)
+        x, out = self.pending_forward(x, None, cache, attn_mask)
+        return x + out
+
+    def pending_forward(self, x: Tensor, pending: Tensor | None = None, cache: KVCache | None = None,
+                        attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The block with its last residual add left to its successor: (stream, mlp output), whose
+        sum is forward(x + pending). `pending`, the previous block's mlp output, is added to x in
+        ln_1's op (F.add_layer_norm), so a stack of blocks has no residual add of its own."""
+        if pending is None:
+            h = self.ln_1(x)
+        else:
+            x, h = self.ln_1.add_forward(x, pending)  # x + pending, ln_1 of it
+        x, h = self.ln_2.add_forward(x, self.attn(h, cache, attn_mask))  # x + attn(...), ln_2 of it
+        return x, self.mlp(h)
+
+
+def run_blocks(blocks, x: Tensor, final_norm: LayerNorm | None, caches: list | None = None,
+               attn_mask: Tensor | None = None) -> Tensor:
+    """x through `blocks` then `final_norm` (if any), each residual add in the next layer norm's op."""
+    pending = None
+    for i, block in enumerate(blocks):
+        x, pending = block.pending_forward(x, pending, None if caches is None else caches[i], attn_mask)
+    if pending is None:
+        return final_norm(x) if final_norm is not None else x
+    if final_norm is None:
+        return x + pending
+    return final_norm.add_forward(x, pending)[1]
 
 
 class TransformerEncoder(Module):
@@ -108,9 +133,7 @@ class TransformerEncoder(Module):
         self.ln_f = LayerNorm(n_embd, bias=bias) if final_norm else None
 
     def forward(self, x: Tensor, caches: list | None = None, attn_mask: Tensor | None = None) -> Tensor:
-        for i, block in enumerate(self.h):
-            x = block(x, None if caches is None else caches[i], attn_mask)
-        return self.ln_f(x) if self.ln_f is not None else x
+        return run_blocks(self.h, x, self.ln_f, caches, attn_mask)
 
 
 def sinusoidal_table(n_positions: int, dim: int) -> np.ndarray:

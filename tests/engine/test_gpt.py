@@ -158,3 +158,32 @@ def test_bad_inputs_get_clear_errors():
         model.load_state_dict(other.state_dict())
     with pytest.raises(KeyError, match="missing keys"):
         model.load_state_dict({})
+
+
+def test_the_blocks_with_their_adds_fused_equal_the_blocks_one_by_one():
+    """GPT runs its blocks with each block's last residual add inside the next layer norm's op
+    (TransformerBlock.pending_forward): the same loss and gradients as block(x) one after another."""
+    engine.manual_seed(0)
+    model = GPT(TINY)
+    rng = np.random.default_rng(1)
+    x, y = (engine.tensor(rng.integers(0, TINY.vocab_size, (2, TINY.block_size))) for _ in range(2))
+
+    def one_by_one(idx):
+        tr = model.transformer
+        h = tr["wte"](idx) + tr["wpe"](engine.arange(0, idx.shape[1]))
+        for block in tr["h"]:
+            h = block(h)
+        return tr["ln_f"](h)
+
+    grads = []
+    for hidden in (model._hidden, one_by_one):
+        model.zero_grad()
+        h = hidden(x)
+        loss = engine.nn.functional.linear_cross_entropy(h.reshape(-1, TINY.n_embd), model.lm_head.weight,
+                                                         y.reshape(-1))
+        loss.backward()
+        grads.append((loss.item(), {n: p.grad.numpy().copy() for n, p in model.named_parameters()}))
+    (fused_loss, fused), (loss, plain) = grads
+    assert abs(fused_loss - loss) < 1e-6
+    for name in plain:
+        np.testing.assert_allclose(fused[name], plain[name], atol=1e-7, rtol=1e-5, err_msg=name)
