@@ -118,7 +118,8 @@ PLANS = {
             {"compression": "int8", "inner_steps": 100, "overlap_steps": 60, "eager": False},
             {"compression": "int8", "inner_steps": 100, "overlap_steps": 60, "eager": True},
             {"compression": "int8", "inner_steps": 100, "overlap_steps": 90, "eager": True},
-            {"compression": "int8", "inner_steps": 100, "overlap_steps": 10, "eager": True}]),
+            {"compression": "int8", "inner_steps": 100, "overlap_steps": 10, "eager": True},
+            {"compression": "int8", "inner_steps": 100, "overlap_steps": 10, "eager": False}]),
     ],
     "smoke": [
         ("stdlib-smoke", {"corpus": "stdlib", "split": "whole", "default_corpus_chars": 200_000, "n_layer": 1,
