@@ -190,6 +190,7 @@ class Worker:
             self.replica.data = shard
             self.val_check.every, self.val_check.max_rounds = every, int(info["max_rounds"])  # a restart may change them
             self.transport.last_round = int(info["max_rounds"]) - 1
+            self.replica.eager = eager_outer(info)  # and its outer step (the momentum is read afresh)
             self.say(f"rejoined as {info['worker_id']} at round {info['round']}")
         if self.heartbeat is None:
             self.heartbeat = Heartbeat(self.client, float(info["heartbeat_s"]))
