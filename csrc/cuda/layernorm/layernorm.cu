@@ -230,17 +230,15 @@ __global__ void layernorm_backward_vec_kernel(T* __restrict__ dx, float* __restr
     for (int64_t row = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += (int64_t)gridDim.x * warps) {
         const uint4* g = reinterpret_cast<const uint4*>(dout + row * C);
         const uint4* xr = reinterpret_cast<const uint4*>(x + row * C);
-        const uint4* dr = dres ? reinterpret_cast<const uint4*>(dres + row * C) : nullptr;
         const float m = mean[row], r = rstd[row];
-        float gv[CH][W], xh[CH][W], rv[CH][W];
+        float gv[CH][W], xh[CH][W];
         float sum_g = 0.f, sum_gx = 0.f;
 #pragma unroll
         for (int i = 0; i < CH; ++i) {
             const int ch = lane + 32 * i;
-            if (ch < NC) {  // dres with the others: its load's latency behind theirs, not after the sums
+            if (ch < NC) {
                 unpack(gv[i], g[ch]);
                 unpack(xh[i], xr[ch]);
-                if (dres) unpack(rv[i], dr[ch]);
             }
 #pragma unroll
             for (int k = 0; k < W; ++k) {
@@ -265,8 +263,10 @@ __global__ void layernorm_backward_vec_kernel(T* __restrict__ dx, float* __restr
             }
             if (ch >= NC) continue;
             if (dres) {
+                float rv[W];
+                unpack(rv, reinterpret_cast<const uint4*>(dres + row * C)[ch]);
 #pragma unroll
-                for (int k = 0; k < W; ++k) o[k] += rv[i][k];
+                for (int k = 0; k < W; ++k) o[k] += rv[k];
             }
             d[ch] = pack(o);
         }
