@@ -121,8 +121,16 @@ class LeadingReplica(Replica):
         self.commands.send("step", step=self.step)
         return super().train_step()
 
-    def apply_merge(self, global_weights: dict[str, np.ndarray], keep_progress: bool = False) -> None:
-        super().apply_merge(global_weights, keep_progress)
+    def apply_merge(self, global_weights: dict[str, np.ndarray], keep_progress: bool = False,
+                    merge_round: int | None = None) -> None:
+        super().apply_merge(global_weights, keep_progress, merge_round)
+        self.commands.send("sync")
+        _sync_weights(self, self.group)
+
+    def step_eagerly(self, merge_round: int | None) -> None:
+        if self.eager is None or merge_round is None:
+            return
+        super().step_eagerly(merge_round)  # the other ranks train from the same guess
         self.commands.send("sync")
         _sync_weights(self, self.group)
 

@@ -9,17 +9,23 @@ import re
 import signal
 import time
 
+import pytest
 from conftest import Coordinator, Worker, run_config, wait_until
 
 K, B, T = 4, 8, 32  # TINY_RUN's inner steps, batch size, block size
 
 
-def test_a_two_rank_worker_trains_and_counts_both_ranks_tokens(tmp_path, procs):
-    coordinator = procs(Coordinator(tmp_path, run_config(rounds={"max_rounds": 3, "eval_every": 0})))
+@pytest.mark.parametrize("overlap", [0, 1])
+def test_a_two_rank_worker_trains_and_counts_both_ranks_tokens(tmp_path, procs, overlap):
+    # with overlap, the eager step moves rank 0's weights before the steps beside the merge: the
+    # other rank is sent them (a command its loop must take there, or the pair would hang)
+    config = run_config(rounds={"max_rounds": 3, "eval_every": 0}, outer={"overlap_steps": overlap})
+    coordinator = procs(Coordinator(tmp_path, config))
     worker = procs(Worker(tmp_path, coordinator, "pair", "--cpu-ranks", "2"))
     status = coordinator.wait_status(lambda s: s["done"], 180, "the run to finish", [worker.log])
     assert worker.wait(60) == 0, worker.output()[-3000:]
     assert "started 2 ranks on the CPU" in worker.output() and "done: 3 rounds contributed" in worker.output()
+    assert ("from the eager outer step" in worker.output()) == bool(overlap)
     record = next(w for w in status["workers"] if w["name"] == "pair")
     assert record["device"] == "cpu x2"
     rounds = [h for h in status["history"] if h.get("round") is not None]
