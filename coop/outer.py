@@ -137,6 +137,10 @@ class NesterovSGD:
         self.lr, self.momentum, self.nesterov = other.lr, other.momentum, other.nesterov
         self.warmup_steps, self.decay_steps, self.min_lr_factor = other.warmup_steps, other.decay_steps, other.min_lr_factor
 
+    def hyperparameters(self) -> dict[str, Any]:
+        """The scalars of `state_dict` (JSON-able), without the momentum buffers."""
+        return {k: v for k, v in self.state_dict(copy=False).items() if k != "momentum_buffer"}
+
     def state_dict(self, copy: bool = True) -> dict[str, Any]:
         """Scalars (JSON-able) plus "momentum_buffer": name -> float32 array (copies; with copy=False
         the buffers themselves, for a writer that finishes before the next step).

@@ -254,9 +254,7 @@ class Coordinator:
             "inner_steps": c.inner.inner_steps,
             "fragments": c.outer.fragments,
             "overlap_steps": c.outer.overlap_steps,
-            # the outer step's hyper-parameters, for the eager step of a worker's overlap (coop.eager)
-            "outer": {**{k: v for k, v in self.outer.state_dict(copy=False).items() if k != "momentum_buffer"},
-                      "eager": c.outer.eager},
+            "outer": {**self.outer.hyperparameters(), "eager": c.outer.eager},  # a worker's eager step (coop.eager)
             "inner": asdict(c.inner_config()),
             "model": asdict(self.model_config),
             "compression": c.compression.model_dump(),
