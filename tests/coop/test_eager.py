@@ -8,6 +8,10 @@ import pytest
 import engine
 from coop.eager import EagerOuter
 from coop.outer import NesterovSGD
+from coop.replica import InnerConfig, Replica
+from coop.training import weights_of
+from engine.data import TokenDataset
+from engine.nn import GPTConfig
 
 
 def rounds_of(outer: NesterovSGD, rounds: int, seed: int = 0):
@@ -68,11 +72,6 @@ def test_without_momentum_the_guess_is_the_plain_step():
 
 def one_replica_run(overlap: int, eager: bool, rounds: int = 4, steps: int = 6) -> dict[str, np.ndarray]:
     """The final global weights of DiLoCo with one replica, its merge `overlap` steps late."""
-    from coop.replica import InnerConfig, Replica
-    from coop.training import weights_of
-    from engine.data import TokenDataset
-    from engine.nn import GPTConfig
-
     config = GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=32, dropout=0.0)
     data = TokenDataset(np.random.default_rng(0).integers(0, 50, 4000))
     replica = Replica(config, data, InnerConfig(batch_size=2, block_size=16, warmup_steps=1, lr=3e-3), seed=0)
