@@ -65,7 +65,7 @@ warmup_steps = 10
 [outer]
 fragments = {args.fragments}
 overlap_steps = {args.overlap_steps}
-eager = {"true" if args.eager else "false"}
+{"" if args.eager is None else f"eager = {str(args.eager).lower()}"}
 [compression]
 codec = "{args.codec}"
 downlink = "{args.downlink}"
@@ -242,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="[compression] downlink: codec = each round's change in the run's codec")
     ap.add_argument("--overlap-steps", type=int, default=0,
                     help="[outer] overlap_steps: train on (up to this many steps) while the round closes")
-    ap.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
-                    help="[outer] eager: the overlapped steps start from the eager outer step (coop.eager)")
+    ap.add_argument("--eager", action=argparse.BooleanOptionalAction, default=None,
+                    help="[outer] eager: the overlapped steps start from the eager outer step (coop.eager); "
+                    "default: the run config's (eager for an overlap of at least a quarter of the round)")
     ap.add_argument("--limit-rate", help="each worker's link, e.g. 1Gbit or 100Mbit (coop-worker join --limit-rate)")
     ap.add_argument("--latency", help="each worker's added latency, e.g. 50ms (coop-worker join --latency)")
     ap.add_argument("--eval-every", type=int, default=1)

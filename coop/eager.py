@@ -35,6 +35,16 @@ import engine
 from .outer import NesterovSGD
 
 
+EAGER_FROM = 0.25  # of a round's inner steps: a shorter overlap starts from the round's end by default
+
+
+def eager_by_default(overlap_steps: int, round_steps: int) -> bool:
+    """Whether an overlap of `overlap_steps` starts from the eager step when the run does not say.
+    The eager step has a fixed cost (two jumps a round) where the round's end has one that grows
+    with the steps; they cross between 10% and 30% of the round (docs/scaling.md)."""
+    return overlap_steps > 0 and overlap_steps >= EAGER_FROM * round_steps
+
+
 class EagerOuter:
     """The merge side's outer step, as far as a replica can know it: `lr_of_round(r)` is the lr of
     the merge that closes round r, `momentum` and `nesterov` its optimizer's. Device tensors in,

@@ -40,6 +40,7 @@ from pydantic import (
 
 from coop.codec import Codec, get_codec
 from coop.diloco import DEFAULT_CLIP_FACTOR, DEFAULT_MIN_CONTRIBUTIONS, DEFAULT_RULE, DEFAULT_TRIM_FRACTION
+from coop.eager import eager_by_default
 from coop.outer import NesterovSGD
 from coop.replica import InnerConfig
 from engine.data import BPETokenizer, CharTokenizer, default_corpus
@@ -140,8 +141,9 @@ class OuterSection(Section):
     # round, as streaming DiLoCo's overlap; a whole round of delay cost 8-90% in val loss). 0: off
     overlap_steps: int = Field(0, ge=0)
     # overlap: the steps beside the merge start from the outer step the worker can take alone, its own
-    # update standing in for the round's mean (eager updates, coop.eager); false: from its end of round
-    eager: bool = True
+    # update standing in for the round's mean (eager updates, coop.eager); false: from its end of round;
+    # unset: eager for an overlap of at least a quarter of the round (coop.eager.eager_by_default)
+    eager: bool | None = None
 
     @model_validator(mode="after")
     def _nesterov_needs_momentum(self) -> OuterSection:
@@ -337,6 +339,12 @@ class RunConfig(Section):
             raise ValueError(f"outer.overlap_steps {self.outer.overlap_steps} must be less than a round's "
                              f"{self.round_steps} inner steps")
         return self
+
+    @property
+    def eager_overlap(self) -> bool:
+        """[outer] eager, or its default for this overlap (coop.eager.eager_by_default)."""
+        o = self.outer
+        return o.eager if o.eager is not None else eager_by_default(o.overlap_steps, self.round_steps)
 
     @property
     def round_steps(self) -> int:

@@ -254,7 +254,7 @@ class Coordinator:
             "inner_steps": c.inner.inner_steps,
             "fragments": c.outer.fragments,
             "overlap_steps": c.outer.overlap_steps,
-            "outer": {**self.outer.hyperparameters(), "eager": c.outer.eager},  # a worker's eager step (coop.eager)
+            "outer": {**self.outer.hyperparameters(), "eager": c.eager_overlap},  # a worker's eager step (coop.eager)
             "inner": asdict(c.inner_config()),
             "model": asdict(self.model_config),
             "compression": c.compression.model_dump(),

@@ -47,7 +47,8 @@ HELP = {
     "fragments": "streaming DiLoCo: P fragments merged in turn (a round is K / P inner steps); 1 = plain DiLoCo",
     "overlap_steps": "the merge arrives this many inner steps into the next round (overlap, one-step delay)",
     "eager": "overlap (star): the steps beside the merge start from the outer step taken with the replica's own "
-             "update (eager updates); --no-eager: from the replica's end of round",
+             "update (eager updates); --no-eager: from the replica's end of round; default: eager for an overlap "
+             "of at least a quarter of the round",
     "warm_start_steps": "synchronous (ddp) inner steps before going local, a multiple of K",
     "aggregation": "the robust rule of the merge: filtered_mean | median | trimmed_mean | centered_clip | mean (plain)",
     "trim_fraction": "trimmed_mean: drop this fraction of the values at each end, per coordinate",

@@ -78,7 +78,8 @@ class SimulateConfig:
     # streaming DiLoCo (coop.streaming) and overlap
     fragments: AtLeast1 = 1  # P: the model in P fragments merged in turn; a round is K / P inner steps
     overlap_steps: AtLeast0 = 0  # the merge is applied this many inner steps into the next round (one-step delay)
-    eager: bool = True  # overlap (star): the steps beside the merge start from its eager guess (coop.eager)
+    eager: bool | None = None  # overlap (star): the steps beside the merge from its eager guess (coop.eager);
+    # None: for an overlap of at least a quarter of the round (coop.eager.eager_by_default)
     warm_start_steps: AtLeast0 = 0  # synchronous (DDP) inner steps before going local, a multiple of K
     aggregation: Literal[RULES] = DEFAULT_RULE  # filtered_mean, median, trimmed_mean, centered_clip, mean
     trim_fraction: Annotated[float, Field(ge=0, lt=0.5)] = DEFAULT_TRIM_FRACTION  # trimmed_mean: dropped at each end

@@ -10,7 +10,7 @@ import numpy as np
 import engine
 from engine.data import TokenDataset
 
-from ..eager import EagerOuter
+from ..eager import EagerOuter, eager_by_default
 from ..replica import Replica
 from ..devices import device_problem, spread_device
 from ..round import RoundLoop
@@ -46,7 +46,8 @@ def run_diloco(setup: Setup, codec_name: str, jsonl: Path | None = None) -> RunR
     for i in range(n):
         replica = new_replica(setup, setup.shards[i], inner, data_seed(cfg.seed, i),  # --device cuda: round robin
                               device=spread_device(cfg.device, i), **adversary(cfg, i))
-        if cfg.overlap_steps and cfg.eager and cfg.topology == "star":  # the merge's outer step, known to it
+        eager = cfg.eager if cfg.eager is not None else eager_by_default(cfg.overlap_steps, steps)
+        if cfg.overlap_steps and eager and cfg.topology == "star":  # the merge's outer step, known to it
             replica.eager = EagerOuter.of(outer_optimizer(cfg), first, parts)
         if optimizer_state is not None:  # every replica goes local from the synchronous phase's state
             replica.load_global(initial)

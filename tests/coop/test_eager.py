@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import engine
-from coop.eager import EagerOuter
+from coop.eager import EagerOuter, eager_by_default
 from coop.outer import NesterovSGD
 from coop.replica import InnerConfig, Replica
+from coop.runconfig import parse_run_config
 from coop.training import weights_of
 from engine.data import TokenDataset
 from engine.nn import GPTConfig
@@ -93,3 +94,14 @@ def test_with_one_replica_the_eager_overlap_is_plain_diloco():
     off_late = max(float(np.abs(late[n] - plain[n]).max()) for n in plain)
     assert off_eager < 3e-5, off_eager  # (AdamW's steps on near-zero gradients grow it ~10x a round after)
     assert off_late > 300 * off_eager, (off_late, off_eager)
+
+
+def test_by_default_the_eager_step_is_for_overlaps_of_a_quarter_of_the_round_or_more():
+    """Its fixed cost loses to the round's end's growing one below ~10-30% (docs/scaling.md)."""
+    assert [eager_by_default(steps, 100) for steps in (0, 10, 24, 25, 60)] == [False, False, False, True, True]
+
+    def eager(**outer) -> bool:
+        return parse_run_config({"inner": {"steps": 100}, "outer": outer}).eager_overlap
+    assert not eager(overlap_steps=10) and eager(overlap_steps=30)
+    assert eager(overlap_steps=10, eager=True) and not eager(overlap_steps=60, eager=False)
+    assert eager(overlap_steps=10, fragments=4)  # of a round of 25 steps
