@@ -103,10 +103,10 @@ def eager_outer(info: dict[str, Any]) -> EagerOuter | None:
     outer = info.get("outer")
     if not int(info.get("overlap_steps", 0)) or not isinstance(outer, dict) or not outer.get("eager"):
         return None
-    try:
-        return EagerOuter.of(NesterovSGD(float(outer["lr"]), float(outer["momentum"]), bool(outer["nesterov"]),
-                                         int(outer["warmup_steps"]), int(outer.get("decay_steps", 0)),
-                                         float(outer.get("min_lr_factor", 0.1))))
+    schedule = NesterovSGD()
+    try:  # the coordinator's NesterovSGD.hyperparameters(), checked as a saved state would be
+        schedule.load_state_dict({**{k: v for k, v in outer.items() if k != "eager"}, "momentum_buffer": {}})
+        return EagerOuter.of(schedule)
     except (KeyError, TypeError, ValueError) as error:
         log.warning("the coordinator's outer step is unreadable (%s); the overlap starts from the round's end", error)
         return None

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import engine
+from coop.coordinator.worker import eager_outer
 from coop.eager import EagerOuter, eager_by_default
 from coop.outer import NesterovSGD
 from coop.replica import InnerConfig, Replica
@@ -105,3 +106,13 @@ def test_by_default_the_eager_step_is_for_overlaps_of_a_quarter_of_the_round_or_
     assert not eager(overlap_steps=10) and eager(overlap_steps=30)
     assert eager(overlap_steps=10, eager=True) and not eager(overlap_steps=60, eager=False)
     assert eager(overlap_steps=10, fragments=4)  # of a round of 25 steps
+
+
+def test_a_worker_reads_the_outer_step_from_the_join_and_falls_back_on_a_bad_one():
+    outer = {**NesterovSGD(0.5, 0.8, True, warmup_steps=2).hyperparameters(), "eager": True}
+    eager = eager_outer({"overlap_steps": 30, "outer": outer})
+    assert (eager.momentum, eager.nesterov, eager.lr_of_round(0), eager.lr_of_round(5)) == (0.8, True, 0.25, 0.5)
+    assert eager_outer({"overlap_steps": 0, "outer": outer}) is None  # no overlap
+    assert eager_outer({"overlap_steps": 30, "outer": {**outer, "eager": False}}) is None
+    assert eager_outer({"overlap_steps": 30}) is None  # an older coordinator
+    assert eager_outer({"overlap_steps": 30, "outer": {"lr": "fast", "eager": True}}) is None  # unreadable
