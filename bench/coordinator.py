@@ -77,7 +77,7 @@ def rss_mb(pid: int) -> float:
 
 
 def bench(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | None = None,
-          aggregation: str | None = None) -> dict:
+          aggregation: str | None = None, ingest: str = "port") -> dict:
     with tempfile.TemporaryDirectory(prefix="coop-bench-") as tmp:
         config_path = Path(tmp) / "run.json"
         config_path.write_text(json.dumps(run_config(model, codec, workers, rounds, ram_mb, aggregation)))
@@ -86,7 +86,8 @@ def bench(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | No
         log = open(Path(tmp) / "coordinator.log", "wb")
         coordinator = subprocess.Popen(
             [sys.executable, "-m", "coop.coordinator.cli", "serve", "--config", str(config_path), "--state-dir",
-             str(Path(tmp) / "state"), "--port", str(port), "--log-level", "warning"],
+             str(Path(tmp) / "state"), "--port", str(port), "--log-level", "warning",
+             "--upload-port", str(free_port() if ingest == "port" else 0)],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 300
@@ -141,6 +142,7 @@ def bench(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | No
         "bench": "coordinator",
         "codec": codec,
         "aggregation": aggregation or DEFAULT_RULE,
+        "ingest": ingest,  # port: the upload port's threads (coop.coordinator.ingest); api: uvicorn's route
         "ram_for_updates_mb": ram_mb,  # None: the default, half the memory available at start
         "parameters": status["model"]["parameters"],
         "workers": workers,
@@ -184,6 +186,7 @@ def bench_worker(url: str, seed: int, codec_name: str) -> None:
 
     http = httpx.Client(base_url=url, timeout=httpx.Timeout(3600, connect=30))
     info = http.post("/v1/join", json={"name": f"bench{seed}"}).json()
+    updates_to = f"http://127.0.0.1:{info['upload_port']}" if info.get("upload_port") else ""  # else the API's port
     auth = {"Authorization": f"Bearer {info['worker_token']}"}
     shapes: dict[str, list[int]] | None = None
     encoded = None
@@ -211,7 +214,7 @@ def bench_worker(url: str, seed: int, codec_name: str) -> None:
             del update
         body = pack(encoded.tensors, {**encoded.metadata, "round": round_number, "tokens": 1})
         t0 = time.perf_counter()
-        response = http.put(f"/v1/rounds/{round_number}/update", content=upload_chunks(body),
+        response = http.put(f"{updates_to}/v1/rounds/{round_number}/update", content=upload_chunks(body),
                             headers={**auth, "Content-Length": str(len(body)), "Content-Type": "application/octet-stream"})
         timings["upload_s"].append(time.perf_counter() - t0)
         del body
@@ -235,6 +238,9 @@ def main() -> None:
                              "through the spool (0: all through the disk; default: half the available memory)")
     parser.add_argument("--aggregation", help="[coordinator] aggregation: the merge's rule (default: the run "
                         "config's, filtered_mean, which keeps every update until the close; mean streams them)")
+    parser.add_argument("--ingest", nargs="+", choices=["port", "api"], default=["port"],
+                        help="where updates arrive: port, the coordinator's upload port (the default); api, "
+                             "uvicorn's route (--upload-port 0); both to compare")
     parser.add_argument("--codec", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--_worker", help=argparse.SUPPRESS)
     parser.add_argument("--_seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -243,8 +249,10 @@ def main() -> None:
         bench_worker(args._worker, args._seed, args.codec)
         return
     for codec in args.codecs:
-        print(json.dumps(bench(TINY if args.small else GPT2_SMALL, codec, args.workers, args.rounds,
-                               ram_mb=args.ram_for_updates_mb, aggregation=args.aggregation)), flush=True)
+        for ingest in args.ingest:
+            print(json.dumps(bench(TINY if args.small else GPT2_SMALL, codec, args.workers, args.rounds,
+                                   ram_mb=args.ram_for_updates_mb, aggregation=args.aggregation, ingest=ingest)),
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from coop.pageaccess import PageAccess, add_login_routes
 from coop.spool import MemoryBudget, Spool, SpooledBody
 
 from .evaluation import EvalReport
+from .ingest import UploadPort
 from .members import WorkerRecord, retry_after_header
 from .model_download import ModelDownload
 from .page import render_page
@@ -285,11 +286,16 @@ async def _json_body(request: Request, model: type[BaseModel], limit: int, timeo
         raise RequestError(422, f"bad JSON body: {error.errors(include_url=False)}") from None
 
 
-def create_app(coordinator: Coordinator) -> FastAPI:
+def create_app(coordinator: Coordinator, upload_port: UploadPort | None = None) -> FastAPI:
+    """The API; with `upload_port`, updates are also taken on a port of their own (coop.coordinator.ingest)."""
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await coordinator.start()
+        listener = upload_port.listen(coordinator) if upload_port is not None else None
+        app.state.upload_port = listener.port if listener is not None else None
         yield
+        if listener is not None:
+            listener.stop()
         await coordinator.stop()
 
     app = FastAPI(title="coop coordinator", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
@@ -332,7 +338,10 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             error.extra["headers"] = CLOSE
             raise
         body = await _json_body(request, JoinRequest, json_limit, body_timeout)
-        return c.join(body.name, body.device)
+        answer = c.join(body.name, body.device)
+        if app.state.upload_port is not None:  # where its updates arrive fastest (coop.coordinator.ingest)
+            answer["upload_port"] = app.state.upload_port
+        return answer
 
     @app.get("/v1/weights", response_class=Response,
              responses={**responses(304, 401), 200: binary("the global weights (safetensors)")})

@@ -5,7 +5,8 @@
     coop-coordinator serve --state-dir state/          # resume the run saved there, with its config
 
 Workers join with `coop-worker join http://HOST:8000 --token SECRET`. The status page is at
-http://HOST:8000/, Prometheus metrics at /metrics, the API docs at /docs.
+http://HOST:8000/, Prometheus metrics at /metrics, the API docs at /docs. Workers send their updates
+to port 8001 (--upload-port) when they can reach it, else to 8000.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import argparse
 import asyncio
 import logging
 import os
+import ssl
 import sys
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from coop.runconfig import EXAMPLE_TOML, ConfigError, load_run_config
 from coop.serving import server_config
 
 from .app import create_app
+from .ingest import UploadPort
 from .service import Coordinator
 
 log = logging.getLogger("coop.coordinator")
@@ -41,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on; 0.0.0.0 for every interface "
                                                             "(default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="(default: 8000)")
+    serve.add_argument("--upload-port", type=int, default=None,
+                       help="a second port that takes only the workers' updates, received by threads side by side "
+                            "(several times the API's rate); workers that cannot reach it use the API's port. "
+                            "0: none (default: --port + 1)")
     serve.add_argument("--token", default=None, help="access token workers must present to join "
                                                      "(default: $COOP_TOKEN; none = anyone who reaches the port may join)")
     serve.add_argument("--token-file", type=Path, help="read the access token from this file (e.g. a mounted secret)")
@@ -81,7 +88,7 @@ def _serve(args) -> int:
         return 2
     if coordinator.run_token is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("no --token: anyone who can reach %s:%d can join and send updates", args.host, args.port)
-    app = create_app(coordinator)
+    app = create_app(coordinator, _upload_port(args))
     scheme = "https" if args.ssl_certfile else "http"
     log.info("coordinator for %.2fM parameters at %s://%s:%d (round %d of %d); state in %s",
              coordinator.n_params / 1e6, scheme, args.host, args.port, coordinator.machine.number,
@@ -94,6 +101,17 @@ def _serve(args) -> int:
     server = ExitingServer(uv_config, coordinator, args.exit_when_done)
     server.run()
     return 0
+
+
+def _upload_port(args) -> UploadPort | None:
+    port = args.port + 1 if args.upload_port is None else args.upload_port
+    if port <= 0:
+        return None
+    context = None
+    if args.ssl_certfile:  # the uploads as private as the API
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    return UploadPort(args.host, port, context)
 
 
 class ExitingServer(uvicorn.Server):

@@ -17,7 +17,12 @@ log = logging.getLogger("coop.worker")
 
 
 class WorkerError(Exception):
-    """The worker cannot go on (the message says why and what to do)."""
+    """The worker cannot go on (the message says why and what to do); `status`: the HTTP status
+    that said so, None when the coordinator could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 class NeedsRejoin(Exception):
@@ -37,11 +42,18 @@ class CoordinatorClient:
         self.http = httpx.Client(base_url=self.url, timeout=timeout, follow_redirects=True,
                                  transport=link.transport() if link else None)
         self.token: str | None = None
+        # where updates go: the coordinator's upload port when it has one and it answers, else None
+        # (the API's route); set at every join (coop.coordinator.ingest)
+        self.upload_url: str | None = None
         self.bytes_up = 0
         self.bytes_down = 0
 
     def close(self) -> None:
         self.http.close()
+
+    def use_upload_port(self, port: int | None) -> None:
+        """The join's `upload_port`: the same host and scheme as the API, that port."""
+        self.upload_url = str(httpx.URL(self.url).copy_with(port=port, path="/")).rstrip("/") if port else None
 
     def request(self, method: str, path: str, *, token: str | None = None, retry: bool = True,
                 ok: tuple[int, ...] = (200,), **kwargs: Any) -> httpx.Response:
@@ -69,7 +81,8 @@ class CoordinatorClient:
                 if response.status_code == 401:
                     raise NeedsRejoin(_detail(response))
                 if response.status_code not in self.RETRY_STATUS:
-                    raise WorkerError(f"{method} {path} -> {response.status_code}: {_detail(response)}")
+                    raise WorkerError(f"{method} {path} -> {response.status_code}: {_detail(response)}",
+                                      response.status_code)
                 problem = f"HTTP {response.status_code}: {_detail(response)}"
                 retry_after = _retry_after(response)
             elapsed = time.monotonic() - start

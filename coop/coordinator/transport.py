@@ -323,10 +323,22 @@ class HttpTransport:
         return pack_view(contribution.encoded.tensors, meta)  # only ever sent, in slices
 
     def upload(self, round_number: int, body: bytes | memoryview) -> str:
-        """PUT the update; returns "accepted", or the coordinator's 409 reason."""
-        response = self.client.request(
-            "PUT", f"/v1/rounds/{round_number}/update", ok=(200, 409), body_factory=lambda: upload_chunks(body),
-            headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(body))})
+        """PUT the update (to the upload port when there is one); returns "accepted", or the coordinator's 409 reason."""
+        path = f"/v1/rounds/{round_number}/update"
+        put = dict(ok=(200, 409), body_factory=lambda: upload_chunks(body),
+                   headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(body))})
+        response = None
+        if self.client.upload_url is not None:
+            try:
+                response = self.client.request("PUT", self.client.upload_url + path, retry=False, **put)
+            except WorkerError as error:  # a firewall, a proxy in front of the API only: the API's route will do
+                if error.status is not None and error.status < 500:
+                    raise  # the update itself was refused: the API would refuse it too
+                self.say(f"the coordinator's upload port {self.client.upload_url} failed ({error}); "
+                         "updates go to its API port from now on")
+                self.client.upload_url = None
+        if response is None:
+            response = self.client.request("PUT", path, **put)
         if response.status_code == 200:
             self.client.bytes_up += len(body)
             return "accepted"
