@@ -39,7 +39,7 @@ def test_k1_plain_averaging_with_sgd_equals_ddp(setup):
     # the global step is w - lr * mean_i g_i, the gradient of the concatenated batch DDP steps on.
     cfg = replace(setup.cfg, inner_steps=1, rounds=6, inner_optimizer="sgd", lr=0.5, min_lr=0.5, warmup_steps=0,
                   grad_clip=0.0, weight_decay=0.0, outer_lr=1.0, outer_momentum=0.0, compression=["fp32"],
-                  aggregation="mean")  # the plain mean (the default merge is robust)
+                  aggregation="mean", clip_factor=0.0)  # the plain mean, unclipped (the default merge is robust)
     s = replace(setup, cfg=cfg)
     diloco, ddp = sim.run_diloco(s, "fp32"), sim.run_baseline(s, "ddp")
     assert_same_weights(diloco.weights, ddp.weights, rtol=1e-5, atol=1e-6)  # seen: 2.4e-7
@@ -224,14 +224,21 @@ def test_adversaries_send_the_attack_and_the_default_merge_holds(tmp_path, monke
     norms = {i: max(float(np.abs(d[n]).max()) for n in d) for i, _, d in sent}
     assert norms[0] > 20 * max(norms[i] for i in (1, 2, 3))
     monkeypatch.setattr(sim.InProcessTransport, "exchange", original)
-    clean = sim.run_diloco(replace(setup4, cfg=cfg), "fp32").records[-1]["val_loss"]
+    clean_run = sim.run_diloco(replace(setup4, cfg=cfg), "fp32")
+    clean = clean_run.records[-1]["val_loss"]
+
+    def moved_from_clean(run) -> float:  # how far the attack took the weights from the clean run's
+        return float(np.sqrt(sum(np.sum((run.weights[n] - w) ** 2) for n, w in clean_run.weights.items())))
+
     for kind in ("signflip", "noise"):
         robust = sim.run_diloco(replace(setup4, cfg=replace(cfg, adversaries=1, attack=kind)), "fp32")
         plain = sim.run_diloco(replace(setup4, cfg=replace(cfg, adversaries=1, attack=kind, aggregation="mean",
                                                            clip_factor=0.0)), "fp32")
-        robust_loss, plain_loss = robust.records[-1]["val_loss"], plain.records[-1]["val_loss"]
-        assert abs(robust_loss / clean - 1) < 0.03
-        assert plain_loss - clean > 5 * abs(robust_loss - clean)  # the plain mean does not hold
+        assert abs(robust.records[-1]["val_loss"] / clean - 1) < 0.03
+        # the plain mean does not hold: the attack takes its weights far away. (Not read off its val
+        # loss: on a model this small, 4 rounds in, a wrecked model's loss can land anywhere; seen
+        # below the clean run's, on another Python's stdlib as the corpus.)
+        assert moved_from_clean(plain) > 10 * moved_from_clean(robust)
     with pytest.raises(ValueError, match="adversaries"):
         replace(cfg, adversaries=5)
     with pytest.raises(ValueError, match="attack"):
