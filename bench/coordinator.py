@@ -181,8 +181,7 @@ def _metric(text: str, name: str) -> float:
 
 def bench_worker(url: str, seed: int, codec_name: str) -> None:
     from coop.codec import get_codec
-    from coop.wire import pack
-    from coop.wire import upload_chunks
+    from coop.wire import pack_view, upload_chunks
 
     http = httpx.Client(base_url=url, timeout=httpx.Timeout(3600, connect=30))
     info = http.post("/v1/join", json={"name": f"bench{seed}"}).json()
@@ -212,10 +211,10 @@ def bench_worker(url: str, seed: int, codec_name: str) -> None:
             update = {k: (rng.standard_normal(s, dtype=np.float32) * 1e-3) for k, s in shapes.items()}
             encoded = get_codec(codec_name, **info["compression"]["options"]).encode(update)
             del update
-        body = pack(encoded.tensors, {**encoded.metadata, "round": round_number, "tokens": 1})
+        body = pack_view(encoded.tensors, {**encoded.metadata, "round": round_number, "tokens": 1})  # as a worker packs
         t0 = time.perf_counter()
         response = http.put(f"{updates_to}/v1/rounds/{round_number}/update", content=upload_chunks(body),
-                            headers={**auth, "Content-Length": str(len(body)), "Content-Type": "application/octet-stream"})
+                            headers={**auth, "Content-Length": str(body.nbytes), "Content-Type": "application/octet-stream"})
         timings["upload_s"].append(time.perf_counter() - t0)
         del body
         if response.status_code != 200:
