@@ -50,6 +50,8 @@ log = logging.getLogger("coop.worker")
 # a worker that the others can close a round without plans its steps and its upload into this share of
 # the time to the deadline, and into less (down to MIN_BUDGET_SHARE) after missing one
 BUDGET_SHARE, MIN_BUDGET_SHARE = 0.85, 0.5
+# what another server on the upload port's number answers (ours never does to a well-formed update)
+NOT_THE_UPLOAD_PORT = (404, 405, 411)
 
 
 @dataclass
@@ -332,7 +334,7 @@ class HttpTransport:
             try:
                 response = self.client.request("PUT", self.client.upload_url + path, retry=False, **put)
             except WorkerError as error:  # a firewall, a proxy in front of the API only: the API's route will do
-                if error.status is not None and error.status < 500:
+                if error.status is not None and error.status < 500 and error.status not in NOT_THE_UPLOAD_PORT:
                     raise  # the update itself was refused: the API would refuse it too
                 self.say(f"the coordinator's upload port {self.client.upload_url} failed ({error}); "
                          "updates go to its API port from now on")
