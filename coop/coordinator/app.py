@@ -287,15 +287,13 @@ async def _json_body(request: Request, model: type[BaseModel], limit: int, timeo
 
 
 def create_app(coordinator: Coordinator, upload_port: UploadPort | None = None) -> FastAPI:
-    """The API; with `upload_port`, updates are also taken on a port of their own (coop.coordinator.ingest)."""
-    @contextlib.asynccontextmanager
+    @contextlib.asynccontextmanager  # upload_port: updates also taken on a port of their own (ingest.py)
     async def lifespan(app: FastAPI):
         await coordinator.start()
         listener = upload_port.listen(coordinator) if upload_port is not None else None
         app.state.upload_port = listener.port if listener is not None else None
         yield
-        if listener is not None:
-            listener.stop()
+        listener.stop() if listener is not None else None
         await coordinator.stop()
 
     app = FastAPI(title="coop coordinator", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
@@ -338,10 +336,8 @@ def create_app(coordinator: Coordinator, upload_port: UploadPort | None = None) 
             error.extra["headers"] = CLOSE
             raise
         body = await _json_body(request, JoinRequest, json_limit, body_timeout)
-        answer = c.join(body.name, body.device)
-        if app.state.upload_port is not None:  # where its updates arrive fastest (coop.coordinator.ingest)
-            answer["upload_port"] = app.state.upload_port
-        return answer
+        port = app.state.upload_port  # where its updates arrive fastest (coop.coordinator.ingest)
+        return {**c.join(body.name, body.device), **({"upload_port": port} if port is not None else {})}
 
     @app.get("/v1/weights", response_class=Response,
              responses={**responses(304, 401), 200: binary("the global weights (safetensors)")})
