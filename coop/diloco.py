@@ -162,6 +162,10 @@ class Aggregator:
         self.spool = None if self.streaming else spool  # the robust rules' contributions on disk (coop.spool)
         self.budget = budget  # with a spool: the contributions that fit it stay in RAM (None: none do)
         self._lock = threading.Lock()  # prepare runs in several threads at once
+        # name -> sum of weight * update (streaming mode). Kept from round to round, the round's first
+        # add overwriting it: fresh arrays cost a page fault per 4 KiB on their first touch (1.3 s
+        # for a 124M model), under the server's lock, while every other upload waits
+        self._sum: dict[str, np.ndarray] | None = None
         self.reference_norm: float | None = None  # "mean": the median norm of the last full round
         self.reset()
 
@@ -183,11 +187,7 @@ class Aggregator:
         self.total_weight = 0.0
         self.norms: list[float] = []  # each contribution's norm before clipping, for logging
         self.clip_bound: float | None = None  # the bound the last result() (or add, streamed) applied
-        # name -> sum of weight * update (streaming mode). Its arrays are kept from round to round and
-        # the first add of a round overwrites them: fresh ones cost a page fault per 4 KiB on their
-        # first touch (1.3 s for a 124M model), under the lock, while every other upload waits
-        self._sum = getattr(self, "_sum_arrays", None)
-        self._sum_fresh = True  # nothing added this round yet
+        self._sum_fresh = True  # the running sums (streaming) hold nothing of this round yet
         self._kept: list[tuple[Flat, float]] = []  # (update as one flat float32 vector, weight) (robust rules)
         self._ram_used = 0  # bytes of the budget this round's contributions hold (prepared ones included)
         self.left_out: list[int] = []  # filtered_mean: indices (in order of add) left out by the last result()
@@ -218,7 +218,7 @@ class Aggregator:
             self.clip_bound = bound
             clip = bound / norm if bound is not None and norm > bound else None
             if self._sum is None:
-                self._sum = self._sum_arrays = {name: np.empty(shape, dtype=self.dtype) for name, shape in self.shapes.items()}
+                self._sum = {name: np.empty(shape, dtype=self.dtype) for name, shape in self.shapes.items()}
             self._accumulate(prepared.values, weight, clip)
         else:
             self._kept.append((prepared.values, float(weight)))

@@ -44,8 +44,8 @@ from coop.pageaccess import PageAccess, add_login_routes
 from coop.spool import MemoryBudget, Spool, SpooledBody
 
 from .evaluation import EvalReport
-from .ingest import UploadPort
-from .members import WorkerRecord, retry_after_header
+from .ingest import UploadPort, claim_upload
+from .members import WorkerRecord, bearer_token, retry_after_header
 from .model_download import ModelDownload
 from .page import render_page
 from .service import Coordinator, spool_full
@@ -124,13 +124,12 @@ CLOSE = {"Connection": "close"}
 
 @contextlib.contextmanager
 def one_upload(c: Coordinator, record: WorkerRecord):
-    """At most one upload per worker at a time: a second one is refused at once (409), so that one
-    token cannot take every upload slot. Held while the body is read or drained."""
-    if record.id in c.uploading:
-        c.reject(record, "busy")
-        raise RequestError(409, f"worker {record.id} already has an upload in flight; one at a time",
-                           reason="busy", headers=CLOSE)
-    c.uploading.add(record.id)
+    """coop.coordinator.ingest.claim_upload, held while the body is read or drained."""
+    try:
+        claim_upload(c, record)
+    except RequestError as error:
+        error.extra["headers"] = CLOSE
+        raise
     try:
         yield
     finally:
@@ -147,9 +146,7 @@ def check_join_rate(c: Coordinator, request: Request) -> None:
 
 
 def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, value = header.partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+    return bearer_token(request.headers)
 
 
 async def read_body(request: Request, limit: int, timeout_s: float | None = None,

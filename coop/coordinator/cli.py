@@ -104,9 +104,10 @@ def _serve(args) -> int:
 
 
 def _upload_port(args) -> UploadPort | None:
-    port = args.port + 1 if args.upload_port is None else args.upload_port
-    if port <= 0:
+    if args.upload_port is not None and args.upload_port <= 0:
         return None
+    # by default the API's port + 1 (--port 0, any free one: then any free one too)
+    port = args.upload_port if args.upload_port is not None else args.port + 1 if args.port else 0
     context = None
     if args.ssl_certfile:  # the uploads as private as the API
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

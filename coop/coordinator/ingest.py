@@ -28,13 +28,13 @@ import socket
 import ssl
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 from coop.spool import SpooledBody
 
-from .members import WorkerRecord
+from .members import WorkerRecord, bearer_token
 from .service import Coordinator, spool_full
 from .updates import RequestError
 
@@ -55,7 +55,6 @@ class _Request:
     path: str
     headers: dict[str, str]
     early: bytes  # body bytes that came with the head
-    deadline: float = field(default=0.0)  # time.monotonic() the body must be in by
 
 
 @dataclass
@@ -172,7 +171,7 @@ class UploadListener:
         size = _content_length(request.headers, self.c.max_update_bytes)
         round_number = int(match.group(1))
         try:
-            record, in_ram = self._on_loop(_admit(self.c, _bearer(request.headers), round_number, size))
+            record, in_ram = self._on_loop(_admit(self.c, bearer_token(request.headers), round_number, size))
         except RequestError as error:
             if error.status == 409:  # a stale round: read the body, so that the worker gets the reason
                 _discard(conn, size - len(request.early), time.monotonic() + self.limits.body_timeout_s)
@@ -180,8 +179,7 @@ class UploadListener:
         try:
             if request.headers.get("expect", "").lower() == "100-continue":
                 conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-            request.deadline = time.monotonic() + self.limits.body_timeout_s
-            body = self._receive(conn, request, size, in_ram)
+            body = self._receive(conn, request.early, size, in_ram, time.monotonic() + self.limits.body_timeout_s)
         except BaseException as error:
             self.loop.call_soon_threadsafe(_abandon, self.c, record, size, in_ram, error)
             if isinstance(error, socket.timeout):
@@ -192,22 +190,24 @@ class UploadListener:
             raise
         return self._on_loop(_submit(self.c, record, round_number, body))
 
-    def _receive(self, conn: socket.socket, request: _Request, size: int, in_ram: bool) -> bytearray | SpooledBody:
-        """The body, into one buffer of its size (in RAM) or through a spool file."""
+    def _receive(self, conn: socket.socket, early: bytes, size: int, in_ram: bool,
+                 deadline: float) -> bytearray | SpooledBody:
+        """The body (`early`: its first bytes, read with the head) by `deadline`, into one buffer of
+        its size (in RAM) or through a spool file."""
         if in_ram:
             body = bytearray(size)
             view = memoryview(body)
-            filled = _copy_early(view, request.early)
+            filled = _copy_early(view, early)
             while filled < size:
-                filled += _recv_into(conn, view[filled : filled + RECV], request.deadline)
+                filled += _recv_into(conn, view[filled : filled + RECV], deadline)
             return body
         spooled = self.c.spool.body()
         try:
             piece = bytearray(SPOOL_PIECE)
-            view, pending, left = memoryview(piece), _copy_early(memoryview(piece), request.early), size - len(request.early)
+            view, pending, left = memoryview(piece), _copy_early(memoryview(piece), early), size - len(early)
             while True:
                 while pending < len(piece) and left > 0:
-                    n = _recv_into(conn, view[pending : pending + min(RECV, left)], request.deadline)
+                    n = _recv_into(conn, view[pending : pending + min(RECV, left)], deadline)
                     pending, left = pending + n, left - n
                 try:
                     spooled.write(view[:pending])
@@ -225,14 +225,25 @@ class UploadListener:
 
 
 # -- on the event loop: the coordinator's state is touched only there --------------------------------
-async def _admit(c: Coordinator, token: str | None, round_number: int, size: int) -> tuple[WorkerRecord, bool]:
-    """The worker, and whether its body fits in RAM; the same refusals as the API's route, in its order."""
-    record = c.authenticate(token)
+def claim_upload(c: Coordinator, record: WorkerRecord) -> None:
+    """At most one upload per worker at a time, here or through the API: a second one is refused at
+    once (409), so that one token cannot take every upload slot. The caller lets go of it
+    (`c.uploading.discard`) when the body is counted, refused or dropped."""
     if record.id in c.uploading:
         c.reject(record, "busy")
         raise RequestError(409, f"worker {record.id} already has an upload in flight; one at a time", reason="busy")
-    c.precheck_update(record, round_number)
     c.uploading.add(record.id)
+
+
+async def _admit(c: Coordinator, token: str | None, round_number: int, size: int) -> tuple[WorkerRecord, bool]:
+    """The worker, and whether its body fits in RAM; the same refusals as the API's route, in its order."""
+    record = c.authenticate(token)
+    claim_upload(c, record)
+    try:
+        c.precheck_update(record, round_number)
+    except RequestError:
+        c.uploading.discard(record.id)
+        raise
     return record, c.budget.reserve(size)
 
 
@@ -298,11 +309,6 @@ def _content_length(headers: dict[str, str], limit: int) -> int:
     if size > limit:
         raise RequestError(413, f"body of {size} bytes exceeds the limit of {limit} bytes")
     return size
-
-
-def _bearer(headers: dict[str, str]) -> str | None:
-    scheme, _, value = headers.get("authorization", "").partition(" ")
-    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
 def _copy_early(view: memoryview, early: bytes) -> int:

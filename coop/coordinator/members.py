@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import math
 import secrets
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -14,6 +15,12 @@ from coop.contribution import gpus_of_device_label
 
 def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header (headers keyed in lower case), or None."""
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
 def tokens_equal(given: str, expected: str) -> bool:

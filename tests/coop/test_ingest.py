@@ -44,6 +44,12 @@ def put(port: int, round_number: int, body: bytes, auth: dict, **headers) -> htt
                      headers={**auth, **headers}, timeout=30)
 
 
+def update_head(auth: dict, size: int, *lines: bytes) -> bytes:
+    """The request line and headers of an upload of `size` bytes for round 0, as a client sends them."""
+    fields = [b"Authorization: " + auth["Authorization"].encode(), *lines, b"Content-Length: %d" % size]
+    return b"\r\n".join([b"PUT /v1/rounds/0/update HTTP/1.1", *fields]) + b"\r\n\r\n"
+
+
 def raw(port: int, head: bytes, body: bytes = b"", close_after: bool = False, timeout: float = 10) -> tuple[int, bytes]:
     """Send bytes as they are; the status and the answer's body."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
@@ -120,7 +126,7 @@ def test_bad_requests_are_refused_with_the_apis_answers_and_change_nothing(serve
     assert raw(port, b"PUT /v1/rounds/0/update HTTP/1.1\r\nAuthorization: " + bearer
                + b"\r\nContent-Length: -4\r\n\r\n")[0] == 400
     # the body ends before its Content-Length: nothing counted, and the worker may upload again
-    head = b"PUT /v1/rounds/0/update HTTP/1.1\r\nAuthorization: " + bearer + b"\r\nContent-Length: %d\r\n\r\n" % len(good)
+    head = update_head(auth, len(good))
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(head + good[:1000])
     deadline = time.monotonic() + 10
@@ -137,8 +143,7 @@ def test_a_body_slower_than_the_timeout_is_refused_with_408(serve):
     coordinator, client = serve(tiny(coordinator={"min_workers": 1, "body_timeout_s": 0.5}))
     info, auth = join(client)
     good = update_body(coordinator, 0)
-    head = (b"PUT /v1/rounds/0/update HTTP/1.1\r\nAuthorization: " + auth["Authorization"].encode()
-            + b"\r\nContent-Length: %d\r\n\r\n" % len(good))
+    head = update_head(auth, len(good))
     status, answer = raw(info["upload_port"], head, good[:100])
     assert status == 408 and b"body_timeout_s" in answer
     assert coordinator.totals["updates_accepted"] == 0 and not coordinator.uploading
@@ -148,8 +153,7 @@ def test_expect_100_continue_is_answered_after_admission(serve):
     coordinator, client = serve(tiny(coordinator={"min_workers": 1}))
     info, auth = join(client)
     good = update_body(coordinator, 0)
-    head = (b"PUT /v1/rounds/0/update HTTP/1.1\r\nAuthorization: " + auth["Authorization"].encode()
-            + b"\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(good))
+    head = update_head(auth, len(good), b"Expect: 100-continue")
     with socket.create_connection(("127.0.0.1", info["upload_port"]), timeout=10) as s:
         s.sendall(head)
         assert s.recv(100).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -163,8 +167,7 @@ def test_one_upload_at_a_time_per_worker(serve):
     coordinator, client = serve(tiny(coordinator={"min_workers": 1}))
     info, auth = join(client)
     good = update_body(coordinator, 0)
-    head = (b"PUT /v1/rounds/0/update HTTP/1.1\r\nAuthorization: " + auth["Authorization"].encode()
-            + b"\r\nContent-Length: %d\r\n\r\n" % len(good))
+    head = update_head(auth, len(good))
     first = socket.create_connection(("127.0.0.1", info["upload_port"]), timeout=10)
     first.sendall(head + good[:10])  # in flight
     deadline = time.monotonic() + 10
@@ -225,3 +228,15 @@ def test_uploads_arrive_side_by_side(serve):
     assert answers == [200] * 4
     closed_round(client, joined[0][1], 0)
     assert coordinator.machine.number == 1
+
+
+def test_the_cli_puts_the_port_beside_the_apis():
+    from coop.coordinator.cli import _upload_port, build_parser
+
+    def port_of(*argv):
+        upload = _upload_port(build_parser().parse_args(["serve", "--state-dir", "s", *argv]))
+        return None if upload is None else upload.port
+
+    assert port_of() == 8001 and port_of("--port", "9000") == 9001
+    assert port_of("--upload-port", "7000") == 7000 and port_of("--upload-port", "0") is None
+    assert port_of("--port", "0") == 0  # the API on any free port: the uploads too
