@@ -45,6 +45,7 @@ class CoordinatorClient:
         # where updates go: the coordinator's upload port when it has one and it answers, else None
         # (the API's route); set at every join (coop.coordinator.ingest)
         self.upload_url: str | None = None
+        self.upload_port_failures = 0  # in a row; at UPLOAD_PORT_TRIES the port is given up
         self.bytes_up = 0
         self.bytes_down = 0
 
@@ -54,6 +55,7 @@ class CoordinatorClient:
     def use_upload_port(self, port: int | None) -> None:
         """The join's `upload_port`: the same host and scheme as the API, that port."""
         self.upload_url = str(httpx.URL(self.url).copy_with(port=port, path="/")).rstrip("/") if port else None
+        self.upload_port_failures = 0
 
     def request(self, method: str, path: str, *, token: str | None = None, retry: bool = True,
                 ok: tuple[int, ...] = (200,), **kwargs: Any) -> httpx.Response:

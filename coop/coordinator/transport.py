@@ -52,6 +52,7 @@ log = logging.getLogger("coop.worker")
 BUDGET_SHARE, MIN_BUDGET_SHARE = 0.85, 0.5
 # what another server on the upload port's number answers (ours never does to a well-formed update)
 NOT_THE_UPLOAD_PORT = (404, 405, 411)
+UPLOAD_PORT_TRIES = 2  # failures in a row before the upload port is given up for the API's route
 
 
 @dataclass
@@ -333,12 +334,18 @@ class HttpTransport:
         if self.client.upload_url is not None:
             try:
                 response = self.client.request("PUT", self.client.upload_url + path, retry=False, **put)
+                self.client.upload_port_failures = 0
             except WorkerError as error:  # a firewall, a proxy in front of the API only: the API's route will do
                 if error.status is not None and error.status < 500 and error.status not in NOT_THE_UPLOAD_PORT:
                     raise  # the update itself was refused: the API would refuse it too
+                # once may be a restart of the coordinator (the API's route then waits for it): tried again
+                # next round; UPLOAD_PORT_TRIES times in a row, it is not to be reached from here
+                self.client.upload_port_failures += 1
+                given_up = self.client.upload_port_failures >= UPLOAD_PORT_TRIES
                 self.say(f"the coordinator's upload port {self.client.upload_url} failed ({error}); "
-                         "updates go to its API port from now on")
-                self.client.upload_url = None
+                         + ("updates go to its API port from now on" if given_up else "this update goes to its API port"))
+                if given_up:
+                    self.client.upload_url = None
         if response is None:
             response = self.client.request("PUT", path, **put)
         if response.status_code == 200:

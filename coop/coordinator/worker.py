@@ -186,7 +186,8 @@ class Worker:
             self.say(f"joined {self.client.url} as {info['worker_id']} at round {info['round']}: GPT "
                      f"{n_params / 1e6:.2f}M parameters, K = {info['inner_steps']}, codec "
                      f"{info['compression']['codec']}, shard {info['shard']['index']}/{info['shard']['count']} "
-                     f"({len(shard):,} tokens), device {self.options.device_label}" + self._overlap_said(info))
+                     f"({len(shard):,} tokens), device {self.options.device_label}" + self._overlap_said(info)
+                     + (f", updates to {self.client.upload_url}" if self.client.upload_url else ""))
         else:  # rejoined: keep the model and the inner optimizer state, take the (maybe new) shard
             self.replica.data = shard
             self.val_check.every, self.val_check.max_rounds = every, int(info["max_rounds"])  # a restart may change them

@@ -188,7 +188,7 @@ def free_port() -> int:
 
 
 def test_a_worker_uses_the_port_and_falls_back_to_the_api_when_it_cannot_reach_it(tmp_path):
-    coordinator = Coordinator(tiny(coordinator={"min_workers": 2}), tmp_path / "state", TOKEN)
+    coordinator = Coordinator(tiny(coordinator={"min_workers": 3}), tmp_path / "state", TOKEN)  # round 0 stays open
     port = free_port()
     server = ServerThread(create_app(coordinator, UploadPort("127.0.0.1", 0)), "127.0.0.1", port)
     server.start()
@@ -203,11 +203,14 @@ def test_a_worker_uses_the_port_and_falls_back_to_the_api_when_it_cannot_reach_i
             if dead_port is not None:  # as if a firewall stood in front of it
                 worker.upload_url = f"http://127.0.0.1:{dead_port}"
             said = []
-            assert HttpTransport(worker, shapes, said.append).upload(0, update_body(coordinator, 0)) == "accepted"
+            transport = HttpTransport(worker, shapes, said.append)
+            assert transport.upload(0, update_body(coordinator, 0)) == "accepted"
             if dead_port is None:
                 assert worker.upload_url is not None and not said
-            else:
-                assert worker.upload_url is None and "upload port" in said[0]
+            else:  # tried again next time (a coordinator restarting looks the same once), then given up
+                assert worker.upload_url is not None and "this update goes to its API port" in said[0]
+                assert transport.upload(0, update_body(coordinator, 0)) == "accepted"  # the API: a duplicate
+                assert worker.upload_url is None and "from now on" in said[1]
             worker.close()
         assert coordinator.totals["updates_accepted"] == 2
     finally:
