@@ -44,7 +44,7 @@ from coop.pageaccess import PageAccess, add_login_routes
 from coop.spool import MemoryBudget, Spool, SpooledBody
 
 from .evaluation import EvalReport
-from .ingest import UploadPort, claim_upload
+from .ingest import UploadPort, claim_upload, count_upload
 from .members import WorkerRecord, bearer_token, retry_after_header
 from .model_download import ModelDownload
 from .page import render_page
@@ -421,14 +421,7 @@ def create_app(coordinator: Coordinator, upload_port: UploadPort | None = None) 
                 c.reject(record, "aborted")
                 log.warning("upload from %s for round %d aborted by the client", record.id, round_number)
                 raise RequestError(400, "the upload was aborted before its body was complete") from None
-            try:
-                async with c.upload_slots:
-                    return await c.submit_update(record, round_number, body)
-            finally:
-                if isinstance(body, SpooledBody):
-                    body.close()
-                else:
-                    c.budget.release(len(body))
+            return await count_upload(c, record, round_number, body, "api", app.state.upload_port)
 
     @app.get("/v1/rounds/{round_number}/wait", response_model=RoundInfo, responses=responses(401, 422))
     async def wait(request: Request, round_number: int,

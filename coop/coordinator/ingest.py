@@ -255,16 +255,30 @@ def _abandon(c: Coordinator, record: WorkerRecord, size: int, in_ram: bool, erro
     c.reject(record, "unstored" if isinstance(error, RequestError) and error.status == 503 else reason)
 
 
-async def _submit(c: Coordinator, record: WorkerRecord, round_number: int, body: bytearray | SpooledBody) -> dict:
+async def count_upload(c: Coordinator, record: WorkerRecord, round_number: int, body: bytearray | SpooledBody,
+                       via: str, upload_port: int | None = None) -> dict:
+    """A body received by either way in (`via`: "upload port" or "api", with the port that is open),
+    decoded and counted (upload_slots at a time), then its RAM or spool file let go."""
     try:
         async with c.upload_slots:
-            return await c.submit_update(record, round_number, body)
+            answer = await c.submit_update(record, round_number, body)
     finally:
-        c.uploading.discard(record.id)
         if isinstance(body, SpooledBody):
             body.close()
         else:
             c.budget.release(len(body))
+    if via == "api" and upload_port is not None and record.uploads_via != "api":  # said once, when it starts
+        log.info("worker %s (%s) sends its updates to the API's port: it cannot reach the upload port %d "
+                 "(open it for faster rounds)", record.id, record.name, upload_port)
+    record.uploads_via = via
+    return answer
+
+
+async def _submit(c: Coordinator, record: WorkerRecord, round_number: int, body: bytearray | SpooledBody) -> dict:
+    try:
+        return await count_upload(c, record, round_number, body, "upload port")
+    finally:
+        c.uploading.discard(record.id)
 
 
 # -- the little HTTP an upload needs ---------------------------------------------------------------

@@ -52,6 +52,7 @@ class WorkerRecord:
     last_round: int | None = None
     last_loss: float | None = None
     tokens_per_s: float | None = None  # of the worker's last round (tokens / training seconds)
+    uploads_via: str | None = None  # where its last accepted update came in: "upload port" or "api"
     history: list[float] = field(default_factory=list)  # recent local losses, for the page
 
     @property

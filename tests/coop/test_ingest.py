@@ -89,6 +89,9 @@ def test_the_join_names_the_port_and_updates_through_it_merge_as_through_the_api
     for name in via_port.weights:
         np.testing.assert_array_equal(via_port.weights[name], via_api.weights[name])
     assert via_port.totals["updates_accepted"] == 2 and via_port.totals["bytes_in"] == via_api.totals["bytes_in"]
+    status = port_client.get("/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert {w["uploads_via"] for w in status["workers"]} == {"upload port"}  # the operator sees which way
+    assert {w.uploads_via for w in via_api.members.workers.values()} == {"api"}
 
 
 def test_a_spooled_upload_counts_the_same(serve):
