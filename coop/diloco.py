@@ -162,10 +162,12 @@ class Aggregator:
         self.spool = None if self.streaming else spool  # the robust rules' contributions on disk (coop.spool)
         self.budget = budget  # with a spool: the contributions that fit it stay in RAM (None: none do)
         self._lock = threading.Lock()  # prepare runs in several threads at once
-        # name -> sum of weight * update (streaming mode). Kept from round to round, the round's first
-        # add overwriting it: fresh arrays cost a page fault per 4 KiB on their first touch (1.3 s
-        # for a 124M model), under the server's lock, while every other upload waits
+        # name -> sum of weight * update (streaming mode), views of one flat vector: the aggregator's
+        # own, kept from round to round, or the caller's (keep_sum_in). The round's first add
+        # overwrites it: fresh arrays cost a page fault per 4 KiB on their first touch (1.3 s for a
+        # 124M model), under the server's lock, while every other upload waits
         self._sum: dict[str, np.ndarray] | None = None
+        self._sum_flat: np.ndarray | None = None
         self.reference_norm: float | None = None  # "mean": the median norm of the last full round
         self.reset()
 
@@ -191,6 +193,24 @@ class Aggregator:
         self._kept: list[tuple[Flat, float]] = []  # (update as one flat float32 vector, weight) (robust rules)
         self._ram_used = 0  # bytes of the budget this round's contributions hold (prepared ones included)
         self.left_out: list[int] = []  # filtered_mean: indices (in order of add) left out by the last result()
+
+    def keep_sum_in(self, flat: np.ndarray) -> None:
+        """Streamed mean: keep this round's running sums in `flat`, a writable contiguous float32
+        array of all the tensors in order (the coordinator passes the next round's weights buffer,
+        which `result(out=flat)` then turns into the mean in place, and the outer step into the new
+        weights: no copy of the model of the aggregator's own). Only before the round's first add."""
+        if not self.streaming:
+            return
+        size = sum(math.prod(shape) for shape in self.shapes.values())
+        if not (flat.dtype == self.dtype == np.float32 and flat.shape == (size,) and flat.flags.writeable
+                and flat.flags.c_contiguous):
+            raise ValueError(f"the running sums need a writable flat float32 array of {size} elements, "
+                             f"got {flat.dtype} {flat.shape}")
+        if self._sum_flat is not None and flat.ctypes.data == self._sum_flat.ctypes.data:
+            return  # there already
+        if not self._sum_fresh:
+            raise ValueError("the running sums already hold this round's contributions; move them before the first add")
+        self._sum_flat, self._sum = flat, self._unflatten(flat)
 
     def add(self, update: Weights, weight: float = 1.0) -> float:
         """Count one contribution with the given weight (tokens processed). Returns its global
@@ -218,8 +238,11 @@ class Aggregator:
             self.clip_bound = bound
             clip = bound / norm if bound is not None and norm > bound else None
             if self._sum is None:
-                self._sum = {name: np.empty(shape, dtype=self.dtype) for name, shape in self.shapes.items()}
+                self._sum_flat = np.empty(sum(math.prod(shape) for shape in self.shapes.values()), self.dtype)
+                self._sum = self._unflatten(self._sum_flat)
             self._accumulate(prepared.values, weight, clip)
+            if isinstance(prepared.values, SpooledVector):
+                prepared.values.close()  # counted: its disk space back now
         else:
             self._kept.append((prepared.values, float(weight)))
         self.count += 1
@@ -233,27 +256,32 @@ class Aggregator:
                                                else self.clip_factor * median_norm) if b is not None]
         return min(bounds) if bounds else None
 
-    def _accumulate(self, update: Weights, weight: float, clip: float | None) -> None:
+    def _accumulate(self, update: Weights | SpooledVector, weight: float, clip: float | None) -> None:
         """running sum += weight * (update, times `clip` if given), one cache-sized chunk at a
         time through a small scratch buffer: the same float operations, in the same order, as
-        `total += np.float32(update * clip) * weight`, without temporaries the size of a tensor."""
+        `total += np.float32(update * clip) * weight`, without temporaries the size of a tensor.
+        `update`: the tensors, or a spooled upload's flat vector (read a chunk at a time)."""
         scratch = np.empty(_CHUNK, dtype=self.dtype)
+        read = np.empty(_CHUNK, dtype=np.float32) if isinstance(update, SpooledVector) else None
         weight = self.dtype.type(weight)
+        offset = 0
         for name, total in self._sum.items():
-            source = np.asarray(update[name]).reshape(-1)  # a view unless the array is not contiguous
-            target = total.reshape(-1)  # a view: the running sums are ours, and contiguous
-            for start in range(0, source.size, _CHUNK):
-                stop = min(start + _CHUNK, source.size)
+            target = total.reshape(-1)  # a view: the running sums are contiguous
+            source = None if read is not None else np.asarray(update[name]).reshape(-1)  # a view if contiguous
+            for start in range(0, target.size, _CHUNK):
+                stop = min(start + _CHUNK, target.size)
                 part = scratch[: stop - start]
+                values = source[start:stop] if read is None else update.read_into(offset + start, read[: stop - start])
                 if clip is None:
-                    np.multiply(source[start:stop], weight, out=part, dtype=self.dtype)
+                    np.multiply(values, weight, out=part, dtype=self.dtype)
                 else:
-                    np.multiply(source[start:stop], np.float32(clip), out=part, dtype=np.float32)
+                    np.multiply(values, np.float32(clip), out=part, dtype=np.float32)
                     np.multiply(part, weight, out=part)
                 if self._sum_fresh:  # the round's first: 0 + part, written over last round's sums
                     target[start:stop] = part
                 else:
                     np.add(target[start:stop], part, out=target[start:stop])
+            offset += target.size
         self._sum_fresh = False
 
     def result(self, out: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -268,9 +296,11 @@ class Aggregator:
             raise ValueError(f"out must be a writable flat float32 array of {size} elements, got {out.dtype} {out.shape}")
         if self.streaming:
             assert self._sum is not None
-            views = self._unflatten(np.empty(size, np.float32) if out is None else out)
-            for name, total in self._sum.items():
-                np.divide(total, self.total_weight, out=views[name], casting="same_kind")
+            views = self._unflatten(np.empty(size, np.float32) if out is None else out)  # out may be the sums
+            parallel_map(lambda name: np.divide(self._sum[name], self.total_weight, out=views[name],
+                                                casting="same_kind"), list(views), size)
+            if out is not None and np.shares_memory(out, self._sum_flat):
+                self._sum = self._sum_flat = None  # the caller's now: the next round's sums go elsewhere
             return views
         return self._robust_result(out)
 

@@ -67,6 +67,22 @@ class WorkerRecord:
         out["seen_s_ago"] = round(max(0.0, now - self.last_seen), 1)
         return out
 
+    def count_update(self, round_number: int, tokens: int, nbytes: int, meta: dict[str, Any]) -> None:
+        """An update of this worker's was accepted for round `round_number` (`meta`: its metadata)."""
+        self.rounds += 1
+        self.stale_in_a_row = 0
+        self.tokens += tokens
+        self.bytes_up += nbytes
+        self.last_round = round_number
+        self.last_loss = loss = meta.get("loss")
+        if self.first_update_round is None:
+            self.first_update_round = round_number
+        train_seconds = meta.get("train_seconds")
+        if isinstance(train_seconds, (int, float)) and not isinstance(train_seconds, bool) and train_seconds > 0:
+            self.tokens_per_s = tokens / train_seconds
+        if loss is not None:
+            self.history = (self.history + [float(loss)])[-50:]
+
     def is_active(self, now: float, timeout_s: float) -> bool:
         return self.confirmed and self.is_recent(now, timeout_s)
 

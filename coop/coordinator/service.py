@@ -37,7 +37,7 @@ from .persist import Checkpointer
 from .status import status_of
 from .rounds import DeadlinePolicy, Phase, Report, RoundMachine, StaleRound
 from .state import load_run, make_private_dir, make_private_tree, save_members, save_round
-from .served import body_of, copy_into, lay_out_weights
+from .served import NextBody, body_of, copy_into, lay_out_weights
 from .updates import RequestError, decode_upload, default_update_limit, ram_budget_bytes, spool_full
 
 log = logging.getLogger("coop.coordinator")
@@ -66,6 +66,7 @@ class Coordinator:
         if saved is None:
             engine.manual_seed(config.seed)
             self.weights = weights_of(GPT(self.model_config))
+            give_back_free_memory()  # the model's parameters, freed in the heaps, before the body is laid out
             self.history: list[dict[str, Any]] = []
             self.members = Members(config.data.shards)
             first_round = 0
@@ -80,6 +81,7 @@ class Coordinator:
         self.specs = spec_of(self.weights)
         self.laid = lay_out_weights(self.specs, self.model_config, first_round)  # the weights: views of the body served
         self.weights = copy_into(self.laid.tensors, self.weights)
+        self.next_body = NextBody(lambda r: lay_out_weights(self.specs, self.model_config, r))  # the close's out
         self.shapes = shapes_of(self.weights)
         self.n_params = sum(a.size for a in self.weights.values())
         self.max_update_bytes = config.coordinator.max_update_bytes or default_update_limit(self.n_params, len(self.weights))
@@ -154,6 +156,7 @@ class Coordinator:
         self.upload_slots = asyncio.Semaphore(self.config.coordinator.concurrent_uploads)
         self._wake = asyncio.Event()
         self._ticker = asyncio.create_task(self._tick_forever())
+        self.next_body.prepare(self.machine.number + 1)
 
     async def stop(self) -> None:
         if self._ticker:
@@ -343,6 +346,9 @@ class Coordinator:
             self.precheck_update(record, round_number)  # the round may have closed while we decoded
             tokens = int(meta["tokens"])
             try:  # the robust rules keep the prepared copy; the streamed mean adds it up (in a thread)
+                sums = (await self.next_body.get(round_number + 1)).flat(self.parts[self.fragment])
+                if self.aggregator.streaming and sums is not None:  # in the next round's weights buffer
+                    self.aggregator.keep_sum_in(sums)
                 add = self.aggregator.add_prepared
                 norm = await asyncio.to_thread(add, update, tokens) if self.aggregator.streaming else add(update, tokens)
             except ValueError as error:  # aggregator's own checks; it is unchanged
@@ -352,19 +358,7 @@ class Coordinator:
             seconds = now - max(self.machine.round.opened_at, record.joined_at)
             loss = meta.get("loss")
             self.machine.record(Report(record.id, tokens, loss, seconds, nbytes), round_number)
-            record.rounds += 1
-            record.stale_in_a_row = 0
-            record.tokens += tokens
-            record.bytes_up += nbytes
-            record.last_round = round_number
-            record.last_loss = loss
-            if record.first_update_round is None:
-                record.first_update_round = round_number
-            train_seconds = meta.get("train_seconds")
-            if isinstance(train_seconds, (int, float)) and not isinstance(train_seconds, bool) and train_seconds > 0:
-                record.tokens_per_s = tokens / train_seconds
-            if loss is not None:
-                record.history = (record.history + [float(loss)])[-50:]
+            record.count_update(round_number, tokens, nbytes, meta)
             self.totals["bytes_in"] += nbytes
             self.totals["updates_accepted"] += 1
             self._round_bytes_in += nbytes
@@ -393,7 +387,8 @@ class Coordinator:
         await self.checkpointer.written()  # the last round's write: the outer step changes its arrays
         t1 = self.clock()
         try:
-            record = await asyncio.to_thread(self._aggregate, current, reason, active)
+            laid = await self.next_body.get(current.number + 1)  # this round's is still served
+            record = await asyncio.to_thread(self._aggregate, current, laid, reason, active)
         except Exception as error:
             log.error("round %d: aggregation failed (%s); reopening it without its updates", current.number, error)
             self.aggregator.reset()
@@ -404,6 +399,7 @@ class Coordinator:
         # number with the old body (a worker that gets such a pair gives up: "weights do not match")
         self.machine.finish(self.clock())
         self.weights_body = body_of(self.laid, self.downlink and self.downlink.laid)
+        self.next_body.prepare(self.machine.number + 1)
         # what the workers wait for: the last checkpoint's write (if still going), the aggregation with the outer step
         record["close_s"] = round(self.clock() - t0, 3)
         record["close_parts_s"] = {"checkpoint_wait": round(t1 - t0, 3), "aggregate": round(self.clock() - t1, 3)}
@@ -429,14 +425,13 @@ class Coordinator:
         event, self._round_event = self._round_event, asyncio.Event()
         event.set()
 
-    def _aggregate(self, current, reason: str, active: int) -> dict[str, Any]:
+    def _aggregate(self, current, laid, reason: str, active: int) -> dict[str, Any]:
         """In a thread: outer step and history (no evaluation: the workers report it; the checkpoint
         is written once the next round is open, coop.coordinator.persist). Raises
         (state untouched) if the aggregate is unusable; the weights only change once outer.step has checked it."""
-        part = self.parts[self.fragment]
-        laid = lay_out_weights(self.specs, self.model_config, current.number + 1)  # this round's is still served
-        moved = laid.tensors
-        # the aggregate goes into the new buffer (where the part lies in it back to back), the step overwrites it there
+        part, moved = self.parts[self.fragment], laid.tensors
+        # the aggregate goes into the new buffer (where the part lies in it back to back; the streamed
+        # mean's sums are there already), the step overwrites it there
         pseudo_grad = self.aggregator.result(out=laid.flat(part))
         pseudo_grad_norm = global_norm(pseudo_grad)  # before the step overwrites it
         lr = self.outer.current_lr()

@@ -55,8 +55,8 @@ def decode_upload(body: bytes | bytearray | SpooledBody, round_number: int, aggr
                   spec: Mapping[str, TensorSpec], codec: str, max_tokens: int, max_bytes: int) -> tuple[PreparedUpdate, dict]:
     """An upload (in memory, or spooled) -> the checked update, prepared for `aggregator`, and its
     metadata. An fp32 update that came through the spool stays there: checked a chunk at a time,
-    kept as its body's file. RequestError 400 or 422."""
-    if isinstance(body, SpooledBody) and codec == "fp32" and not aggregator.streaming:
+    kept as its body's file (the robust rules) or added up from it (the streamed mean). RequestError 400 or 422."""
+    if isinstance(body, SpooledBody) and codec == "fp32":
         vector, norm, meta = check_spooled_fp32_update(body, round_number, spec=spec, max_tokens=max_tokens,
                                                        max_bytes=max_bytes)
         return PreparedUpdate(vector, norm), meta

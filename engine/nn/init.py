@@ -10,18 +10,26 @@ from ..random import default_generator
 from ..tensor import Tensor, tensor
 
 
-def _fill(t: Tensor, values: np.ndarray) -> Tensor:
+_DRAW = 1 << 20  # values drawn in float64 at a time: the generator's stream is the same drawn in pieces
+
+
+def _fill(t: Tensor, draw) -> Tensor:
+    """t = draw(n) for n = t.numel(), drawn in pieces into one array of t's dtype: a 124M-parameter
+    model's embedding would otherwise pass through a float64 copy (2x its size) and a cast."""
+    values = np.empty(t.shape, dtype=t.dtype.numpy).reshape(-1)
+    for start in range(0, values.size, _DRAW):
+        values[start : start + _DRAW] = draw(min(_DRAW, values.size - start))
     with no_grad():
-        t.copy_(tensor(values.astype(t.dtype.numpy), device=t.device))
+        t.copy_(tensor(values.reshape(t.shape), device=t.device))
     return t
 
 
 def normal_(t: Tensor, mean: float = 0.0, std: float = 1.0) -> Tensor:
-    return _fill(t, default_generator().normal(mean, std, size=t.shape))
+    return _fill(t, lambda n: default_generator().normal(mean, std, size=n))
 
 
 def uniform_(t: Tensor, a: float = 0.0, b: float = 1.0) -> Tensor:
-    return _fill(t, default_generator().uniform(a, b, size=t.shape))
+    return _fill(t, lambda n: default_generator().uniform(a, b, size=n))
 
 
 def zeros_(t: Tensor) -> Tensor:

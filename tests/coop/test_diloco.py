@@ -80,6 +80,47 @@ def test_streaming_mode_keeps_no_contribution():
         np.testing.assert_array_equal(before[name], after[name])
 
 
+def test_the_streamed_sums_kept_in_the_caller_s_buffer_give_the_same_mean_there(tmp_path):
+    """keep_sum_in: the running sums in a buffer of the caller's (the coordinator's next weights),
+    the mean computed there in place, bit for bit what the aggregator's own sums give; the buffer
+    is then the caller's, and the next round's sums go into the next buffer given. A spooled
+    vector (an fp32 upload left in its spool file) adds up to the same bits as the tensors."""
+    from coop.diloco import PreparedUpdate
+    from coop.spool import Spool
+
+    size = sum(int(np.prod(s)) for s in SHAPES.values())
+    rounds = [[random_weights(10 * r + i) for i in range(3)] for r in range(2)]
+    own, caller = Aggregator(SHAPES, rule="mean"), Aggregator(SHAPES, rule="mean")
+    spool = Spool(tmp_path)
+    for updates in rounds:
+        expected = {k: v.copy() for k, v in _mean_of(own, updates).items()}
+        buffer = np.full(size, np.nan, np.float32)
+        caller.keep_sum_in(buffer)
+        for i, update in enumerate(updates):  # the middle one from the spool, as a spooled upload is added
+            if i == 1:
+                vector = spool.write(update[name] for name in SHAPES)
+                caller.add_prepared(PreparedUpdate(vector, caller.prepare(update).norm), 1.0 + i)
+            else:
+                caller.add(update, 1.0 + i)
+        with pytest.raises(ValueError, match="already hold this round"):
+            caller.keep_sum_in(np.zeros(size, np.float32))
+        result = caller.result(out=buffer)
+        for name in SHAPES:
+            np.testing.assert_array_equal(result[name], expected[name])
+            assert np.shares_memory(result[name], buffer)
+        caller.reset()
+    with pytest.raises(ValueError, match="writable flat float32 array"):
+        caller.keep_sum_in(np.zeros(size, np.float64))
+
+
+def _mean_of(aggregator, updates):
+    for i, update in enumerate(updates):
+        aggregator.add(update, 1.0 + i)
+    result = aggregator.result()
+    aggregator.reset()
+    return result
+
+
 def test_refused_update_leaves_the_aggregator_unchanged():
     aggregator = Aggregator(SHAPES)
     aggregator.add(random_weights(0), 2.0)
