@@ -50,7 +50,7 @@ def free_port() -> int:
 
 
 def run_config(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | None = None,
-               aggregation: str | None = None) -> dict:
+               aggregation: str | None = None, concurrent_uploads: int | None = None) -> dict:
     return {
         "model": model,
         "data": {"default_chars": 400_000, "shards": workers},
@@ -58,7 +58,8 @@ def run_config(model: dict, codec: str, workers: int, rounds: int, ram_mb: float
         "compression": {"codec": codec, "options": {"block_size": 256} if codec == "int8" else {}},
         "rounds": {"max_rounds": rounds, "min_workers": workers, "quorum_fraction": 1.0, "eval_every": 0,
                    "worker_timeout_s": 600, "heartbeat_s": 30, "max_deadline_s": 3600},
-        "coordinator": {"ram_for_updates_mb": ram_mb, **({"aggregation": aggregation} if aggregation else {})},
+        "coordinator": {"ram_for_updates_mb": ram_mb, **({"aggregation": aggregation} if aggregation else {}),
+                        **({"concurrent_uploads": concurrent_uploads} if concurrent_uploads else {})},
     }
 
 
@@ -77,10 +78,11 @@ def rss_mb(pid: int) -> float:
 
 
 def bench(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | None = None,
-          aggregation: str | None = None, ingest: str = "port") -> dict:
+          aggregation: str | None = None, ingest: str = "port", concurrent_uploads: int | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="coop-bench-") as tmp:
         config_path = Path(tmp) / "run.json"
-        config_path.write_text(json.dumps(run_config(model, codec, workers, rounds, ram_mb, aggregation)))
+        config_path.write_text(json.dumps(run_config(model, codec, workers, rounds, ram_mb, aggregation,
+                                                     concurrent_uploads)))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log = open(Path(tmp) / "coordinator.log", "wb")
@@ -143,6 +145,7 @@ def bench(model: dict, codec: str, workers: int, rounds: int, ram_mb: float | No
         "codec": codec,
         "aggregation": aggregation or DEFAULT_RULE,
         "ingest": ingest,  # port: the upload port's threads (coop.coordinator.ingest); api: uvicorn's route
+        "concurrent_uploads": concurrent_uploads,  # None: the config's default
         "ram_for_updates_mb": ram_mb,  # None: the default, half the memory available at start
         "parameters": status["model"]["parameters"],
         "workers": workers,
@@ -240,6 +243,8 @@ def main() -> None:
     parser.add_argument("--ingest", nargs="+", choices=["port", "api"], default=["port"],
                         help="where updates arrive: port, the coordinator's upload port (the default); api, "
                              "uvicorn's route (--upload-port 0); both to compare")
+    parser.add_argument("--concurrent-uploads", type=int, help="[coordinator] concurrent_uploads: uploads decoded "
+                        "at once (default: the config's, 2)")
     parser.add_argument("--codec", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--_worker", help=argparse.SUPPRESS)
     parser.add_argument("--_seed", type=int, default=0, help=argparse.SUPPRESS)
@@ -250,7 +255,8 @@ def main() -> None:
     for codec in args.codecs:
         for ingest in args.ingest:
             print(json.dumps(bench(TINY if args.small else GPT2_SMALL, codec, args.workers, args.rounds,
-                                   ram_mb=args.ram_for_updates_mb, aggregation=args.aggregation, ingest=ingest)),
+                                   ram_mb=args.ram_for_updates_mb, aggregation=args.aggregation, ingest=ingest,
+                                   concurrent_uploads=args.concurrent_uploads)),
                   flush=True)
 
 

@@ -86,6 +86,7 @@ def test_slow_loris_uploads_do_not_delay_an_honest_worker(tmp_path, procs):
     for trickler in (second, anonymous):
         trickler.start()
     wait_until(lambda: second.status() and anonymous.status(), 2, "the second and the anonymous trickler's answers")
+    wait_until(lambda: second.closed_at and anonymous.closed_at, 2, "the coordinator closing their connections")
     assert second.status() == 409 and b"already has an upload in flight" in second.reply
     assert anonymous.status() == 401
     assert second.closed_at - second.started_at < 1.0 and anonymous.closed_at - anonymous.started_at < 1.0
