@@ -24,6 +24,7 @@ from . import robust as robust_ops
 from .robust import Flat
 from .spool import MemoryBudget, Spool, SpooledVector
 from .threads import copy_all, parallel_map, pieces
+from .wire import flat_view
 
 Weights = Mapping[str, np.ndarray]
 Shapes = Mapping[str, tuple[int, ...]]
@@ -218,15 +219,18 @@ class Aggregator:
         non-finite values, or a weight that is not a positive finite number."""
         return self.add_prepared(self.prepare(update), weight)
 
-    def prepare(self, update: Weights) -> PreparedUpdate:
+    def prepare(self, update: Weights, given: bool = False) -> PreparedUpdate:
         """The checks and the copy `add` makes, without touching the aggregator: a server runs
         this for each upload in its own thread, beside the others, and only `add_prepared` under
-        its lock. Raises ValueError on wrong names or shapes or non-finite values."""
+        its lock. Raises ValueError on wrong names or shapes or non-finite values. `given`: the
+        arrays are the aggregator's to keep (views of an upload's body that nothing changes), so
+        where they lie back to back in one buffer, in the model's order, the robust rules keep
+        them there rather than copy them (in RAM, within the budget)."""
         check_same_tensors(self.shapes, update, "update")
         norm = global_norm(update)  # also the finiteness check: any NaN/inf makes the norm non-finite
         if not math.isfinite(norm):
             raise ValueError("update has NaN/inf values (or overflows float64 norm); the replica diverged, refusing it")
-        return PreparedUpdate(update if self.streaming else self._flatten(update), norm)
+        return PreparedUpdate(update if self.streaming else self._flatten(update, given), norm)
 
     def add_prepared(self, prepared: PreparedUpdate, weight: float = 1.0) -> float:
         """Count a contribution `prepare` checked (see `add`)."""
@@ -304,10 +308,10 @@ class Aggregator:
             return views
         return self._robust_result(out)
 
-    def _flatten(self, update: Weights) -> Flat:
-        """The update's tensors, in the model's order, as one float32 vector (one copy: the caller's
-        arrays may be views into a request body), in memory or in the spool. The coordinate-wise
-        rules then run over chunks of it in parallel threads, whatever the tensors' sizes."""
+    def _flatten(self, update: Weights, given: bool = False) -> Flat:
+        """The update's tensors, in the model's order, as one float32 vector (a copy, unless they are
+        `given` and lie so already), in memory or in the spool. The coordinate-wise rules then run
+        over chunks of it in parallel threads, whatever the tensors' sizes."""
         size = sum(math.prod(shape) for shape in self.shapes.values())
         if self.spool is not None:
             in_ram = self.budget is not None and self.budget.reserve(4 * size)
@@ -315,6 +319,9 @@ class Aggregator:
                 return self.spool.write(np.asarray(update[name]) for name in self.shapes)
             with self._lock:
                 self._ram_used += 4 * size
+        flat = flat_view([np.asarray(update[name]) for name in self.shapes]) if given else None
+        if flat is not None and flat.dtype == np.float32 and flat.flags.aligned:
+            return flat  # where it lies: its buffer (an upload's body) now lives as long as the round keeps it
         flat = np.empty(size, dtype=np.float32)
         copy_all(self._unflatten(flat).values(), (np.asarray(update[name]) for name in self.shapes))  # every core
         return flat

@@ -9,9 +9,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from .diloco import Weights, check_same_tensors, shapes_of
-from .threads import parallel_map
+from .threads import parallel_map, pieces
 
-_OUTER_CHUNK = 1 << 20  # elements per task of the outer step
+_OUTER_CHUNK = 1 << 18  # elements per task of the outer step: its one temporary (1 MB) per thread stays small
 
 
 class OuterOptimizer(Protocol):
@@ -93,7 +93,7 @@ class NesterovSGD:
                 raise ValueError(
                     f"momentum buffer {name!r} has shape {buffer.shape}, the weight {weight.shape}; state from another model?"
                 )
-            if not np.isfinite(pseudo_grad[name]).all():  # never let NaN/inf reach the global weights
+            if not all(np.isfinite(p).all() for p in pieces([np.asarray(pseudo_grad[name])])):  # no NaN/inf, ever
                 raise ValueError(f"pseudo-gradient {name!r} has NaN/inf values; refusing the outer step")
         lr = np.float32(self.current_lr())
         momentum = np.float32(self.momentum)
@@ -119,16 +119,20 @@ class NesterovSGD:
                 else:
                     buffer *= momentum
                     buffer += grad
-                direction = grad + momentum * buffer if self.nesterov else buffer
-            np.subtract(weight, lr * direction, out=target)
+                direction = buffer
+                if self.nesterov:  # grad + momentum * buffer, in one temporary
+                    direction = np.multiply(buffer, momentum)
+                    np.add(grad, direction, out=direction)
+            step = np.multiply(direction, lr, out=None if direction is grad or direction is buffer else direction)
+            np.subtract(weight, step, out=target)
 
-        pieces = []
+        chunks = []
         for name, w in global_weights.items():
             contiguous = (w.flags.c_contiguous and self.momentum_buffer.get(name, w).flags.c_contiguous
                           and targets[name].flags.c_contiguous)
-            pieces += ([(name, start, min(start + _OUTER_CHUNK, w.size)) for start in range(0, w.size, _OUTER_CHUNK)]
+            chunks += ([(name, start, min(start + _OUTER_CHUNK, w.size)) for start in range(0, w.size, _OUTER_CHUNK)]
                        if contiguous else [(name, 0, -1)])
-        parallel_map(update, pieces, sum(w.size for w in global_weights.values()))  # the same numbers, on every core
+        parallel_map(update, chunks, sum(w.size for w in global_weights.values()))  # the same numbers, on every core
         self.step_count += 1
 
     def take_hyperparameters(self, other: NesterovSGD) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,18 +118,36 @@ class Laid:
     def flat(self, names: list[str]) -> np.ndarray | None:
         """The tensors `names` as one flat array (a view), if they lie back to back in this order
         and share a dtype; else None."""
-        arrays = [self.tensors[name] for name in names]
-        if not arrays or any(a.dtype != arrays[0].dtype for a in arrays):
+        return flat_view([self.tensors[name] for name in names])
+
+
+def flat_view(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The arrays as one flat array, a view of the buffer they are views of (a message's body), if
+    they lie in it back to back in this order and share a dtype; else None (arrays of their own)."""
+    if not arrays or any(a.dtype != arrays[0].dtype or not a.flags.c_contiguous for a in arrays):
+        return None
+    owner = _owner(arrays[0])
+    if any(_owner(a) is not owner for a in arrays):
+        return None
+    start = position = arrays[0].ctypes.data
+    for array in arrays:
+        if array.ctypes.data != position:
             return None
-        start = arrays[0].ctypes.data
-        position = start
-        for array in arrays:
-            if array.ctypes.data != position:
-                return None
-            position += array.nbytes
-        data = np.frombuffer(self.body, dtype=np.uint8)
-        offset = start - data.ctypes.data
-        return data[offset : offset + position - start].view(arrays[0].dtype)
+        position += array.nbytes
+    data = np.frombuffer(owner, dtype=np.uint8)
+    offset = start - data.ctypes.data
+    return data[offset : offset + position - start].view(arrays[0].dtype)
+
+
+def _owner(array: np.ndarray) -> Any:
+    """What holds an array's memory, through views and memoryviews: a buffer (bytes, bytearray) or an array of its own."""
+    while True:
+        if isinstance(array, np.ndarray) and array.base is not None:
+            array = array.base
+        elif isinstance(array, memoryview):
+            array = array.obj
+        else:
+            return array
 
 
 def lay_out(specs: Mapping[str, TensorSpec], metadata: Mapping[str, Any] | None = None) -> Laid:

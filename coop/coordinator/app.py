@@ -41,6 +41,7 @@ from starlette.requests import ClientDisconnect
 from coop import __version__
 from coop.apidocs import serve_api_docs
 from coop.pageaccess import PageAccess, add_login_routes
+from coop.memory import uninitialised
 from coop.spool import MemoryBudget, Spool, SpooledBody
 
 from .evaluation import EvalReport
@@ -201,9 +202,9 @@ class _MemoryBody:
     """A body read into memory: into one preallocated buffer when its size was declared."""
 
     def __init__(self, size: int | None, reserved_from: MemoryBudget | None = None):
-        self.body = bytearray(size or 0)
         self.declared, self.filled = size is not None, 0
-        self.view = memoryview(self.body) if self.declared else None  # (an exported bytearray cannot grow)
+        self.body = uninitialised(size) if self.declared else bytearray()  # (undeclared: grows as it comes)
+        self.view = self.body if self.declared else None
         self.reserved_from = reserved_from  # the budget its size was reserved from, given back if it fails
 
     async def put(self, chunk: bytes) -> None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from coop.memory import uninitialised
 from coop.spool import SpooledBody
 
 from .members import WorkerRecord, bearer_token
@@ -195,11 +196,10 @@ class UploadListener:
         """The body (`early`: its first bytes, read with the head) by `deadline`, into one buffer of
         its size (in RAM) or through a spool file."""
         if in_ram:
-            body = bytearray(size)
-            view = memoryview(body)
-            filled = _copy_early(view, early)
+            body = uninitialised(size)
+            filled = _copy_early(body, early)
             while filled < size:
-                filled += _recv_into(conn, view[filled : filled + RECV], deadline)
+                filled += _recv_into(conn, body[filled : filled + RECV], deadline)
             return body
         spooled = self.c.spool.body()
         try:

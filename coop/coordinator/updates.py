@@ -64,8 +64,8 @@ def decode_upload(body: bytes | bytearray | SpooledBody, round_number: int, aggr
         body = body.read()  # back in memory for the decode only (upload_slots bound how many at once)
     update, meta = check_update(body, round_number, shapes=aggregator.shapes, spec=spec, codec=codec,
                                 max_tokens=max_tokens, max_bytes=max_bytes)
-    try:
-        return aggregator.prepare(update), meta
+    try:  # fp32: views of the body, which the robust rules keep as it is (nothing changes it once received)
+        return aggregator.prepare(update, given=True), meta
     except ValueError as error:  # the aggregator's own checks
         raise RequestError(422, f"update refused: {error}") from None
 

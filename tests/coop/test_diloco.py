@@ -113,6 +113,33 @@ def test_the_streamed_sums_kept_in_the_caller_s_buffer_give_the_same_mean_there(
         caller.keep_sum_in(np.zeros(size, np.float64))
 
 
+@pytest.mark.parametrize("rule", ["filtered_mean", "trimmed_mean"])
+def test_an_update_given_in_one_body_is_kept_where_it_lies_with_the_same_result(rule):
+    """prepare(given=True) on the views of an upload's body: the robust rules keep the body's data
+    as the contribution (no copy of the model per upload) and give the same bits as from copies;
+    arrays of their own, or not in the model's order, are copied as before."""
+    from coop.wire import pack_view, unpack
+
+    updates = [random_weights(20 + i) for i in range(4)]
+    results = []
+    for given in (False, True):
+        aggregator = Aggregator(SHAPES, rule=rule)
+        for i, update in enumerate(updates):
+            body = bytearray(pack_view(update, {"round": 0}))  # as a worker packs it
+            views, _ = unpack(body, copy=False)
+            prepared = aggregator.prepare(views, given=given)
+            assert np.shares_memory(prepared.values, np.frombuffer(body, np.uint8)) == given
+            aggregator.add_prepared(prepared, 1.0 + i)
+        results.append(aggregator.result())
+    for name in SHAPES:
+        np.testing.assert_array_equal(results[1][name], results[0][name])
+    aggregator = Aggregator(SHAPES, rule=rule)
+    own = aggregator.prepare(updates[0], given=True)  # separate arrays: one vector of its own
+    assert not any(np.shares_memory(own.values, a) for a in updates[0].values())
+    reordered, _ = unpack(bytearray(pack_view(dict(reversed(list(updates[0].items()))), {})), copy=False)
+    assert not np.shares_memory(aggregator.prepare(reordered, given=True).values, next(iter(reordered.values())))
+
+
 def _mean_of(aggregator, updates):
     for i, update in enumerate(updates):
         aggregator.add(update, 1.0 + i)
