@@ -4,6 +4,7 @@ right shape for a GPT-2-small-sized model (124M parameters), for each codec.
 
     python bench/coordinator.py                       # 124M parameters, 8 workers, 3 rounds, fp32 and int8
     python bench/coordinator.py --small --rounds 2    # a quick check with a tiny model
+    python bench/coordinator.py --ingest port api     # the upload port (updates in, weights out) against uvicorn's routes
 
 One JSON object per line. Per round, every worker downloads the global weights, uploads one
 encoded update and long-polls the end of the round; the coordinator decodes and aggregates each
@@ -189,13 +190,14 @@ def bench_worker(url: str, seed: int, codec_name: str) -> None:
     http = httpx.Client(base_url=url, timeout=httpx.Timeout(3600, connect=30))
     info = http.post("/v1/join", json={"name": f"bench{seed}"}).json()
     updates_to = f"http://127.0.0.1:{info['upload_port']}" if info.get("upload_port") else ""  # else the API's port
+    weights_from = updates_to if info.get("weights_on_upload_port") else ""  # as real workers do
     auth = {"Authorization": f"Bearer {info['worker_token']}"}
     shapes: dict[str, list[int]] | None = None
     encoded = None
     timings = {"download_s": [], "upload_s": [], "wait_s": []}
     while True:
         t0 = time.perf_counter()
-        with http.stream("GET", "/v1/weights", headers=auth) as response:
+        with http.stream("GET", f"{weights_from}/v1/weights", headers=auth) as response:
             round_number = int(response.headers["X-Coop-Round"])
             head = bytearray()
             for chunk in response.iter_bytes(8 << 20):
@@ -241,8 +243,8 @@ def main() -> None:
     parser.add_argument("--aggregation", help="[coordinator] aggregation: the merge's rule (default: the run "
                         "config's, filtered_mean, which keeps every update until the close; mean streams them)")
     parser.add_argument("--ingest", nargs="+", choices=["port", "api"], default=["port"],
-                        help="where updates arrive: port, the coordinator's upload port (the default); api, "
-                             "uvicorn's route (--upload-port 0); both to compare")
+                        help="where updates arrive and the weights are served: port, the coordinator's upload "
+                             "port (the default); api, uvicorn's routes (--upload-port 0); both to compare")
     parser.add_argument("--concurrent-uploads", type=int, help="[coordinator] concurrent_uploads: uploads decoded "
                         "at once (default: the config's, 2)")
     parser.add_argument("--codec", default="fp32", help=argparse.SUPPRESS)

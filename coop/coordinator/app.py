@@ -49,6 +49,7 @@ from .ingest import UploadPort, claim_upload, count_upload
 from .members import WorkerRecord, bearer_token, retry_after_header
 from .model_download import ModelDownload
 from .page import render_page
+from .served import weights_answer
 from .service import Coordinator, spool_full
 from .updates import RequestError
 
@@ -334,8 +335,9 @@ def create_app(coordinator: Coordinator, upload_port: UploadPort | None = None) 
             error.extra["headers"] = CLOSE
             raise
         body = await _json_body(request, JoinRequest, json_limit, body_timeout)
-        port = app.state.upload_port  # where its updates arrive fastest (coop.coordinator.ingest)
-        return {**c.join(body.name, body.device), **({"upload_port": port} if port is not None else {})}
+        port = app.state.upload_port  # where updates arrive and weights leave fastest (coop.coordinator.ingest)
+        return {**c.join(body.name, body.device),
+                **({"upload_port": port, "weights_on_upload_port": True} if port is not None else {})}
 
     @app.get("/v1/weights", response_class=Response,
              responses={**responses(304, 401), 200: binary("the global weights (safetensors)")})
@@ -343,24 +345,10 @@ def create_app(coordinator: Coordinator, upload_port: UploadPort | None = None) 
         """The global weights (safetensors; metadata: round, model). ETag is the round. With
         `?since=R` and the compressed downlink on: the change from round R's weights, in the run's
         codec (header X-Coop-Since: R), when R is the last round; else the full weights."""
-        token = _bearer(request)
-        record = c.members.authenticate(token) if token else None
-        if record is None:
-            c.check_status_access(token)
-        else:
-            record.seen(c.clock())
-        body, round_number = c.weights_body, c.machine.number
-        etag = f'"r{round_number}"'
-        headers = {"ETag": etag, "X-Coop-Round": str(round_number), "Cache-Control": "no-cache"}
-        if request.headers.get("if-none-match") == etag:
-            return Response(status_code=304, headers=headers)
-        since = request.query_params.get("since", "")
-        delta = c.downlink.delta_for(int(since), round_number) if c.downlink and since.isdigit() else None
-        if delta is not None:  # the worker holds the last round's view: just what changed (downlink.py)
-            c.count_download(record, len(delta.body), "delta")
-            return Response(delta.body, media_type=OCTET, headers={**headers, "X-Coop-Since": str(delta.since)})
-        c.count_download(record, len(body), "weights")
-        return Response(body, media_type=OCTET, headers=headers)
+        status, headers, body = weights_answer(c, _bearer(request), request.headers.get("if-none-match"),
+                                               request.query_params.get("since", ""))
+        return Response(body, media_type=OCTET, headers=headers) if status == 200 else \
+            Response(status_code=status, headers=headers)
 
     @app.get("/v1/shard", response_class=Response,
              responses={**responses(401), 200: binary("this worker's data shard (safetensors)")})

@@ -45,6 +45,7 @@ class CoordinatorClient:
         # where updates go: the coordinator's upload port when it has one and it answers, else None
         # (the API's route); set at every join (coop.coordinator.ingest)
         self.upload_url: str | None = None
+        self.weights_via_upload_port = False  # the port serves GET /v1/weights too (the join says so)
         self.upload_port_failures = 0  # in a row; at UPLOAD_PORT_TRIES the port is given up
         self.bytes_up = 0
         self.bytes_down = 0
@@ -52,9 +53,11 @@ class CoordinatorClient:
     def close(self) -> None:
         self.http.close()
 
-    def use_upload_port(self, port: int | None) -> None:
-        """The join's `upload_port`: the same host and scheme as the API, that port."""
+    def use_upload_port(self, port: int | None, weights: bool = False) -> None:
+        """The join's `upload_port`: the same host and scheme as the API, that port; `weights`: it
+        serves the weights too (a coordinator of before that answers 404 there)."""
         self.upload_url = str(httpx.URL(self.url).copy_with(port=port, path="/")).rstrip("/") if port else None
+        self.weights_via_upload_port = bool(port and weights)
         self.upload_port_failures = 0
 
     def request(self, method: str, path: str, *, token: str | None = None, retry: bool = True,

@@ -6,7 +6,9 @@ on a 16-core machine, whatever its cores, while 8 workers of a 124M model send 4
 listener takes only `PUT /v1/rounds/{r}/update`, on a port of its own (`coop-coordinator serve
 --upload-port`, by default the API's port + 1): a thread per connection reads the body with
 `socket.recv_into` into the buffer it ends in (4 MiB a call, the GIL free while the kernel copies),
-so uploads arrive side by side, at memory speed.
+so uploads arrive side by side, at memory speed. It serves `GET /v1/weights` too, the same way
+round: each download sent by its own thread straight from the served buffer, where uvicorn's one
+loop would write all of them (8 x 498 MB a round) on one core.
 
 What an upload means is decided where it always is, on the event loop: the thread asks it to
 authenticate the token, to admit the upload (one per worker, a round still open, the size within
@@ -14,9 +16,9 @@ the limit, RAM or the spool), and to decode and count the body (Coordinator.subm
 answers are those of the API's route, JSON {"detail": ...} with the same statuses. A worker that
 cannot reach this port sends its updates to the API's route instead (coop.coordinator.transport).
 
-The HTTP spoken here is the little an upload needs: HTTP/1.1 and 1.0, a Content-Length body (no
-chunked encoding: 411), `Expect: 100-continue` honoured after admission, one request a connection
-(`Connection: close`), TLS when the API serves it.
+The HTTP spoken here is the little an upload and a download need: HTTP/1.1 and 1.0, a
+Content-Length body (no chunked encoding: 411), `Expect: 100-continue` honoured after admission,
+one request a connection (`Connection: close`), TLS when the API serves it.
 """
 from __future__ import annotations
 
@@ -31,11 +33,13 @@ import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from coop.memory import uninitialised
 from coop.spool import SpooledBody
 
 from .members import WorkerRecord, bearer_token
+from .served import weights_answer
 from .service import Coordinator, spool_full
 from .updates import RequestError
 
@@ -145,6 +149,9 @@ class UploadListener:
                 conn = self.ssl_context.wrap_socket(conn, server_side=True)
             request = _read_head(conn, time.monotonic() + self.limits.header_timeout_s)
             try:
+                if request.path.split("?", 1)[0] == "/v1/weights" and request.method == "GET":
+                    self._download(conn, request)
+                    return
                 answer = self._upload(conn, request)
             except RequestError as error:
                 extra = dict(error.extra)
@@ -165,8 +172,8 @@ class UploadListener:
     def _upload(self, conn: socket.socket, request: _Request) -> dict[str, Any]:
         match = UPDATE_PATH.fullmatch(request.path.split("?", 1)[0])
         if match is None:
-            raise RequestError(404, f"this port takes only PUT /v1/rounds/{{r}}/update, not {request.path[:80]!r}; "
-                                    "everything else is served on the API's port")
+            raise RequestError(404, f"this port takes only PUT /v1/rounds/{{r}}/update and GET /v1/weights, not "
+                                    f"{request.path[:80]!r}; everything else is served on the API's port")
         if request.method != "PUT":
             raise RequestError(405, f"{request.method[:16]} is not allowed here; PUT the update", headers={"Allow": "PUT"})
         size = _content_length(request.headers, self.c.max_update_bytes)
@@ -190,6 +197,15 @@ class UploadListener:
                 log.warning("upload from %s for round %d aborted by the client", record.id, round_number)
             raise
         return self._on_loop(_submit(self.c, record, round_number, body))
+
+    def _download(self, conn: socket.socket, request: _Request) -> None:
+        """GET /v1/weights: the answer decided on the event loop (coop.coordinator.served), the body
+        sent from the served buffer by this thread (the GIL free while the kernel copies it)."""
+        since = parse_qs(urlsplit(request.path).query).get("since", [""])[0]
+        status, headers, body = self._on_loop(_weights(self.c, bearer_token(request.headers),
+                                                       request.headers.get("if-none-match"), since))
+        _send(conn, status, {"Content-Type": "application/octet-stream", **headers}, body,
+              time.monotonic() + self.limits.body_timeout_s)
 
     def _receive(self, conn: socket.socket, early: bytes, size: int, in_ram: bool,
                  deadline: float) -> bytearray | SpooledBody:
@@ -225,6 +241,10 @@ class UploadListener:
 
 
 # -- on the event loop: the coordinator's state is touched only there --------------------------------
+async def _weights(c: Coordinator, token: str | None, if_none_match: str | None, since: str):
+    return weights_answer(c, token, if_none_match, since)
+
+
 def claim_upload(c: Coordinator, record: WorkerRecord) -> None:
     """At most one upload per worker at a time, here or through the API: a second one is refused at
     once (409), so that one token cannot take every upload slot. The caller lets go of it
@@ -353,13 +373,24 @@ def _discard(conn: socket.socket, count: int, deadline: float) -> None:
 
 
 def _respond(conn: socket.socket, status: int, payload: dict, headers: dict[str, str] | None = None) -> None:
-    body = json.dumps(payload).encode()
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Content-Type: application/json",
-             f"Content-Length: {len(body)}", "Connection: close"]
-    lines += [f"{name}: {value}" for name, value in (headers or {}).items() if name.lower() != "connection"]
-    conn.settimeout(10.0)
+    _send(conn, status, {"Content-Type": "application/json", **(headers or {})}, json.dumps(payload).encode(),
+          time.monotonic() + 10.0)
+
+
+def _send(conn: socket.socket, status: int, headers: dict[str, str], body: bytes | memoryview, deadline: float) -> None:
+    """One answer, then the connection is closed (a 304 has no body)."""
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Connection: close"]
+    lines += [f"{name}: {value}" for name, value in headers.items() if name.lower() != "connection"]
+    if status != 304:
+        lines.append(f"Content-Length: {memoryview(body).nbytes}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    conn.settimeout(max(deadline - time.monotonic(), 1e-3))  # for the whole answer (socket.sendall's timeout)
     try:
-        conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        if memoryview(body).nbytes <= 1 << 16:
+            conn.sendall(head + bytes(body))
+        else:  # the served buffer itself, not a copy of it
+            conn.sendall(head)
+            conn.sendall(body)
     except OSError:
         raise _Closed from None
 

@@ -67,3 +67,27 @@ class NextBody:
         parts = pieces(laid.tensors.values())
         parallel_map(lambda part: part.fill(0), parts, sum(p.size for p in parts))
         return laid
+
+
+def weights_answer(c: Any, token: str | None, if_none_match: str | None,
+                   since: str) -> tuple[int, dict[str, str], bytes | memoryview]:
+    """GET /v1/weights for coordinator `c`, on the API's port or the upload port: (status, headers,
+    body). A worker's token, or with a run token that one (RequestError 401 otherwise); 304 when
+    `if_none_match` names the open round; the change since round `since` where the compressed
+    downlink has it; else the full weights. Counted as sent."""
+    record = c.members.authenticate(token) if token else None
+    if record is None:
+        c.check_status_access(token)
+    else:
+        record.seen(c.clock())
+    body, round_number = c.weights_body, c.machine.number
+    etag = f'"r{round_number}"'
+    headers = {"ETag": etag, "X-Coop-Round": str(round_number), "Cache-Control": "no-cache"}
+    if if_none_match == etag:
+        return 304, headers, b""
+    delta = c.downlink.delta_for(int(since), round_number) if c.downlink and since.isdigit() else None
+    if delta is not None:  # the worker holds the last round's view: just what changed (downlink.py)
+        c.count_download(record, len(delta.body), "delta")
+        return 200, {**headers, "X-Coop-Since": str(delta.since)}, delta.body
+    c.count_download(record, len(body), "weights")
+    return 200, headers, body

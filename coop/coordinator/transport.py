@@ -236,7 +236,10 @@ class HttpTransport:
         held = self.weights is not None
         headers = {"If-None-Match": f'"r{self.weights_round}"'} if held else {}
         params = {"since": self.weights_round} if held else None  # a compressed downlink sends the change
-        response = self.client.request("GET", "/v1/weights", headers=headers, params=params, ok=(200, 304))
+        get = dict(headers=headers, params=params, ok=(200, 304))
+        response = self.on_upload_port("GET", "/v1/weights", **get) if self.client.weights_via_upload_port else None
+        if response is None:
+            response = self.client.request("GET", "/v1/weights", **get)
         round_number = int(response.headers["X-Coop-Round"])
         if response.status_code == 304:
             return round_number
@@ -330,22 +333,7 @@ class HttpTransport:
         path = f"/v1/rounds/{round_number}/update"
         put = dict(ok=(200, 409), body_factory=lambda: upload_chunks(body),
                    headers={"Content-Type": "application/octet-stream", "Content-Length": str(len(body))})
-        response = None
-        if self.client.upload_url is not None:
-            try:
-                response = self.client.request("PUT", self.client.upload_url + path, retry=False, **put)
-                self.client.upload_port_failures = 0
-            except WorkerError as error:  # a firewall, a proxy in front of the API only: the API's route will do
-                if error.status is not None and error.status < 500 and error.status not in NOT_THE_UPLOAD_PORT:
-                    raise  # the update itself was refused: the API would refuse it too
-                # once may be a restart of the coordinator (the API's route then waits for it): tried again
-                # next round; UPLOAD_PORT_TRIES times in a row, it is not to be reached from here
-                self.client.upload_port_failures += 1
-                given_up = self.client.upload_port_failures >= UPLOAD_PORT_TRIES
-                self.say(f"the coordinator's upload port {self.client.upload_url} failed ({error}); "
-                         + ("updates go to its API port from now on" if given_up else "this update goes to its API port"))
-                if given_up:
-                    self.client.upload_url = None
+        response = self.on_upload_port("PUT", path, **put)
         if response is None:
             response = self.client.request("PUT", path, **put)
         if response.status_code == 200:
@@ -356,6 +344,30 @@ class HttpTransport:
             self.client.bytes_up += len(body)
             return "accepted"
         return reason
+
+    def on_upload_port(self, method: str, path: str, **kwargs) -> httpx.Response | None:
+        """The request on the coordinator's upload port (its threads take updates and serve the
+        weights), or None when there is none or it failed: then it goes to the API's port, this
+        time, or from UPLOAD_PORT_TRIES failures in a row on."""
+        if self.client.upload_url is None:
+            return None
+        try:
+            response = self.client.request(method, self.client.upload_url + path, retry=False, **kwargs)
+        except WorkerError as error:  # a firewall, a proxy in front of the API only: the API's route will do
+            if error.status is not None and error.status < 500 and error.status not in NOT_THE_UPLOAD_PORT:
+                raise  # the request itself was refused (an update too large, ...): the API would refuse it too
+            # once may be a restart of the coordinator (the API's route then waits for it): tried again
+            # next time; UPLOAD_PORT_TRIES times in a row, it is not to be reached from here
+            self.client.upload_port_failures += 1
+            given_up = self.client.upload_port_failures >= UPLOAD_PORT_TRIES
+            what = "updates and downloads go" if self.client.weights_via_upload_port else "updates go"
+            self.say(f"the coordinator's upload port {self.client.upload_url} failed ({error}); " +
+                     (f"{what} to its API port from now on" if given_up else "its API port takes this one"))
+            if given_up:
+                self.client.upload_url, self.client.weights_via_upload_port = None, False
+            return None
+        self.client.upload_port_failures = 0
+        return response
 
     def report_val(self, round_number: int, weights: dict[str, np.ndarray] | None = None,
                    measured: Callable[[], tuple[float, int]] | None = None) -> None:

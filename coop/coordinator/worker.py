@@ -161,7 +161,7 @@ class Worker:
                                        json={"name": self.options.name[:64], "device": self.options.device_label[:32]})
         info = response.json()
         self.client.token = info["worker_token"]
-        self.client.use_upload_port(info.get("upload_port"))
+        self.client.use_upload_port(info.get("upload_port"), weights=info.get("weights_on_upload_port") is True)
         self.run_info = info
         shard = self.fetch_shard(info)
         every = int((info.get("eval") or {}).get("every", 0))

@@ -211,11 +211,75 @@ def test_a_worker_uses_the_port_and_falls_back_to_the_api_when_it_cannot_reach_i
             if dead_port is None:
                 assert worker.upload_url is not None and not said
             else:  # tried again next time (a coordinator restarting looks the same once), then given up
-                assert worker.upload_url is not None and "this update goes to its API port" in said[0]
+                assert worker.upload_url is not None and "its API port takes this one" in said[0]
                 assert transport.upload(0, update_body(coordinator, 0)) == "accepted"  # the API: a duplicate
                 assert worker.upload_url is None and "from now on" in said[1]
             worker.close()
         assert coordinator.totals["updates_accepted"] == 2
+    finally:
+        server.stop()
+
+
+def test_the_port_serves_the_weights_as_the_api_does(serve):
+    """GET /v1/weights on the upload port: the API's bytes and headers, 304 for the round held, the
+    compressed downlink's change, 401 without a token, and counted as sent, as the API counts it."""
+    coordinator, client = serve(tiny(compression={"codec": "int8", "downlink": "codec", "snapshot_every": 4},
+                                     coordinator={"min_workers": 1}))
+    info, auth = join(client)
+    assert info["weights_on_upload_port"] is True
+    url = f"http://127.0.0.1:{info['upload_port']}/v1/weights"
+    for _ in range(2):  # round 0 (the full weights), then round 1: its change since round 0
+        api = client.get("/v1/weights", headers=auth, params={"since": coordinator.machine.number - 1})
+        sent = coordinator.totals["bytes_out"]
+        port = httpx.get(url, headers=auth, params={"since": coordinator.machine.number - 1}, timeout=30)
+        assert port.status_code == 200 and port.content == api.content
+        assert coordinator.totals["bytes_out"] == sent + len(api.content)
+        for header in ("etag", "x-coop-round", "x-coop-since", "content-type"):
+            assert port.headers.get(header) == api.headers.get(header), header
+        held = httpx.get(url, headers={**auth, "If-None-Match": api.headers["etag"]}, timeout=30)
+        assert held.status_code == 304 and held.content == b""
+        round_number = coordinator.machine.number
+        update = update_body(coordinator, round_number, codec="int8")
+        assert put(info["upload_port"], round_number, update, auth).status_code == 200
+        closed_round(client, auth, round_number)
+    assert "x-coop-since" in port.headers  # the second was the change
+    assert httpx.get(url, timeout=30).status_code == 401
+    assert httpx.get(url, headers={"Authorization": "Bearer nobody.secret"}, timeout=30).status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30).content == \
+        client.get("/v1/weights", headers={"Authorization": f"Bearer {TOKEN}"}).content  # the run's token too
+    assert httpx.post(url, headers=auth, timeout=30).status_code == 404
+
+
+def test_a_worker_downloads_from_the_port_and_falls_back_to_the_api(tmp_path):
+    coordinator = Coordinator(tiny(coordinator={"min_workers": 3}), tmp_path / "state", TOKEN)
+    port = free_port()
+    server = ServerThread(create_app(coordinator, UploadPort("127.0.0.1", 0)), "127.0.0.1", port)
+    server.start()
+    try:
+        shapes = {k: v.shape for k, v in coordinator.weights.items()}
+        for dead_port in (None, free_port()):
+            worker = CoordinatorClient(f"http://127.0.0.1:{port}", retry_for_s=5, timeout_s=10)
+            info = worker.request("POST", "/v1/join", token=TOKEN, json={}).json()
+            worker.token = info["worker_token"]
+            worker.use_upload_port(info["upload_port"], weights=info["weights_on_upload_port"])
+            if dead_port is not None:
+                worker.upload_url = f"http://127.0.0.1:{dead_port}"
+            said = []
+            transport = HttpTransport(worker, shapes, said.append)
+            sent = coordinator.totals["bytes_out"]
+            assert transport.fetch_weights() == 0
+            for name, array in coordinator.weights.items():
+                np.testing.assert_array_equal(transport.weights[name], array)
+            assert coordinator.totals["bytes_out"] > sent
+            if dead_port is None:
+                assert not said and worker.upload_url is not None
+            else:
+                assert "its API port takes this one" in said[0]
+                transport.weights = None  # a second download, refused by the dead port again: given up
+                assert transport.fetch_weights() == 0
+                assert worker.upload_url is None and not worker.weights_via_upload_port
+                assert "updates and downloads go to its API port from now on" in said[1]
+            worker.close()
     finally:
         server.stop()
 
