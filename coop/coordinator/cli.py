@@ -23,6 +23,7 @@ import uvicorn
 from coop import __version__
 from coop.cli import run_command
 from coop.init_from import seed_coordinator_state
+from coop.memory import large_allocations_off_the_heaps
 from coop.runconfig import EXAMPLE_TOML, ConfigError, load_run_config
 from coop.serving import server_config
 
@@ -78,6 +79,7 @@ def _read_token(args) -> str | None:
 
 def _serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    large_allocations_off_the_heaps()  # a coordinator's freed buffers back to the OS at once (coop.memory)
     try:
         config = load_run_config(args.config) if args.config else None
         if config is not None:  # [model] init_from: the imported weights become round 0 of a new run
