@@ -190,34 +190,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_worker_uses_the_port_and_falls_back_to_the_api_when_it_cannot_reach_it(tmp_path):
-    coordinator = Coordinator(tiny(coordinator={"min_workers": 3}), tmp_path / "state", TOKEN)  # round 0 stays open
+@pytest.fixture
+def real_server(tmp_path):
+    """A coordinator served by uvicorn in a thread (round 0 stays open), and the API's port."""
+    coordinator = Coordinator(tiny(coordinator={"min_workers": 3}), tmp_path / "state", TOKEN)
     port = free_port()
     server = ServerThread(create_app(coordinator, UploadPort("127.0.0.1", 0)), "127.0.0.1", port)
     server.start()
-    try:
-        shapes = {k: v.shape for k, v in coordinator.weights.items()}
-        for dead_port in (None, free_port()):
-            worker = CoordinatorClient(f"http://127.0.0.1:{port}", retry_for_s=5, timeout_s=10)
-            info = worker.request("POST", "/v1/join", token=TOKEN, json={}).json()
-            worker.token = info["worker_token"]
-            worker.use_upload_port(info["upload_port"])
-            assert worker.upload_url == f"http://127.0.0.1:{info['upload_port']}"
-            if dead_port is not None:  # as if a firewall stood in front of it
-                worker.upload_url = f"http://127.0.0.1:{dead_port}"
-            said = []
-            transport = HttpTransport(worker, shapes, said.append)
-            assert transport.upload(0, update_body(coordinator, 0)) == "accepted"
-            if dead_port is None:
-                assert worker.upload_url is not None and not said
-            else:  # tried again next time (a coordinator restarting looks the same once), then given up
-                assert worker.upload_url is not None and "its API port takes this one" in said[0]
-                assert transport.upload(0, update_body(coordinator, 0)) == "accepted"  # the API: a duplicate
-                assert worker.upload_url is None and "from now on" in said[1]
-            worker.close()
-        assert coordinator.totals["updates_accepted"] == 2
-    finally:
-        server.stop()
+    yield coordinator, port
+    server.stop()
+
+
+def joined(coordinator, port: int, dead_port: int | None, weights: bool) -> tuple[CoordinatorClient, HttpTransport, list]:
+    """A worker's client, joined, its transport and what it said; with `dead_port`, as if a firewall
+    stood in front of the upload port."""
+    worker = CoordinatorClient(f"http://127.0.0.1:{port}", retry_for_s=5, timeout_s=10)
+    info = worker.request("POST", "/v1/join", token=TOKEN, json={}).json()
+    worker.token = info["worker_token"]
+    worker.use_upload_port(info["upload_port"], weights=weights and info["weights_on_upload_port"])
+    assert worker.upload_url == f"http://127.0.0.1:{info['upload_port']}"
+    if dead_port is not None:
+        worker.upload_url = f"http://127.0.0.1:{dead_port}"
+    said = []
+    return worker, HttpTransport(worker, {k: v.shape for k, v in coordinator.weights.items()}, said.append), said
+
+
+def test_a_worker_uses_the_port_and_falls_back_to_the_api_when_it_cannot_reach_it(real_server):
+    coordinator, port = real_server
+    for dead_port in (None, free_port()):
+        worker, transport, said = joined(coordinator, port, dead_port, weights=False)
+        assert transport.upload(0, update_body(coordinator, 0)) == "accepted"
+        if dead_port is None:
+            assert worker.upload_url is not None and not said
+        else:  # tried again next time (a coordinator restarting looks the same once), then given up
+            assert worker.upload_url is not None and "its API port takes this one" in said[0]
+            assert transport.upload(0, update_body(coordinator, 0)) == "accepted"  # the API: a duplicate
+            assert worker.upload_url is None and "updates go to its API port from now on" in said[1]
+        worker.close()
+    assert coordinator.totals["updates_accepted"] == 2
 
 
 def test_the_port_serves_the_weights_as_the_api_does(serve):
@@ -250,38 +260,24 @@ def test_the_port_serves_the_weights_as_the_api_does(serve):
     assert httpx.post(url, headers=auth, timeout=30).status_code == 404
 
 
-def test_a_worker_downloads_from_the_port_and_falls_back_to_the_api(tmp_path):
-    coordinator = Coordinator(tiny(coordinator={"min_workers": 3}), tmp_path / "state", TOKEN)
-    port = free_port()
-    server = ServerThread(create_app(coordinator, UploadPort("127.0.0.1", 0)), "127.0.0.1", port)
-    server.start()
-    try:
-        shapes = {k: v.shape for k, v in coordinator.weights.items()}
-        for dead_port in (None, free_port()):
-            worker = CoordinatorClient(f"http://127.0.0.1:{port}", retry_for_s=5, timeout_s=10)
-            info = worker.request("POST", "/v1/join", token=TOKEN, json={}).json()
-            worker.token = info["worker_token"]
-            worker.use_upload_port(info["upload_port"], weights=info["weights_on_upload_port"])
-            if dead_port is not None:
-                worker.upload_url = f"http://127.0.0.1:{dead_port}"
-            said = []
-            transport = HttpTransport(worker, shapes, said.append)
-            sent = coordinator.totals["bytes_out"]
+def test_a_worker_downloads_from_the_port_and_falls_back_to_the_api(real_server):
+    coordinator, port = real_server
+    for dead_port in (None, free_port()):
+        worker, transport, said = joined(coordinator, port, dead_port, weights=True)
+        sent = coordinator.totals["bytes_out"]
+        assert transport.fetch_weights() == 0
+        for name, array in coordinator.weights.items():
+            np.testing.assert_array_equal(transport.weights[name], array)
+        assert coordinator.totals["bytes_out"] > sent
+        if dead_port is None:
+            assert not said and worker.upload_url is not None
+        else:
+            assert "its API port takes this one" in said[0]
+            transport.weights = None  # a second download, refused by the dead port again: given up
             assert transport.fetch_weights() == 0
-            for name, array in coordinator.weights.items():
-                np.testing.assert_array_equal(transport.weights[name], array)
-            assert coordinator.totals["bytes_out"] > sent
-            if dead_port is None:
-                assert not said and worker.upload_url is not None
-            else:
-                assert "its API port takes this one" in said[0]
-                transport.weights = None  # a second download, refused by the dead port again: given up
-                assert transport.fetch_weights() == 0
-                assert worker.upload_url is None and not worker.weights_via_upload_port
-                assert "updates and downloads go to its API port from now on" in said[1]
-            worker.close()
-    finally:
-        server.stop()
+            assert worker.upload_url is None and not worker.weights_via_upload_port
+            assert "updates and downloads go to its API port from now on" in said[1]
+        worker.close()
 
 
 def test_uploads_arrive_side_by_side(serve):
