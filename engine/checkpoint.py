@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,14 @@ def _check_replaceable(path: Path) -> None:
 
 def save_checkpoint(path: str | os.PathLike[str], **state: Any) -> None:
     """Write `state` as the checkpoint directory `path/`, atomically replacing any previous one."""
+    write_checkpoint(path, state)
+
+
+def write_checkpoint(path: str | os.PathLike[str], state: dict[str, Any],
+                     tensors_written: Callable[[], None] | None = None) -> None:
+    """save_checkpoint, with `tensors_written` called once the arrays of `state` have been read
+    (written to the file, not yet on the disk): from then on the caller may change them, or drop
+    them (nothing here holds them any more), while the fsync, the hash and the renames go on."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _recover(path)
@@ -199,12 +208,16 @@ def save_checkpoint(path: str | os.PathLike[str], **state: Any) -> None:
     tmp.mkdir()
     tensors_path = tmp / TENSORS_FILE
     safetensors.numpy.save_file(encoder.tensors, str(tensors_path))
+    tensor_count = len(encoder.tensors)
+    encoder.tensors.clear()
+    if tensors_written is not None:
+        tensors_written()
     _fsync_file(tensors_path)
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "tensors_sha256": _sha256(tensors_path),
-        "tensor_count": len(encoder.tensors),
+        "tensor_count": tensor_count,
         "state": tree,
     }
     with open(tmp / STATE_FILE, "w", encoding="utf-8") as f:

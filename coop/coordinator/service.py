@@ -384,7 +384,7 @@ class Coordinator:
     async def _close_round(self, reason: str, active: int) -> None:
         current = self.machine.begin_aggregation()
         t0 = self.clock()
-        await self.checkpointer.written()  # the last round's write: the outer step changes its arrays
+        await self.checkpointer.arrays_read()  # the last round's write: the outer step changes its momentum
         t1 = self.clock()
         try:
             laid = await self.next_body.get(current.number + 1)  # this round's is still served

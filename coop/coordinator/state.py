@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from engine.checkpoint import CheckpointNotFoundError, load_checkpoint, save_checkpoint
+from engine.checkpoint import CheckpointNotFoundError, load_checkpoint, write_checkpoint
 
 STATE_FORMAT = "coop-coordinator-state"
 STATE_VERSION = 1
@@ -98,10 +99,14 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def save_round(state_dir: Path, *, round_number: int, weights: dict[str, np.ndarray], outer_state: dict[str, Any],
-               history: list[dict[str, Any]], config: dict[str, Any]) -> None:
-    """Persist everything a restart needs after `round_number - 1` closed (or 0: the initial state)."""
-    save_checkpoint(checkpoint_dir(state_dir), format=STATE_FORMAT, version=STATE_VERSION, round=round_number,
-                    weights=dict(weights), outer=outer_state, history=history, config=config)
+               history: list[dict[str, Any]], config: dict[str, Any],
+               tensors_written: Callable[[], None] | None = None) -> None:
+    """Persist everything a restart needs after `round_number - 1` closed (or 0: the initial state).
+    `tensors_written`: called once the arrays are read (engine.checkpoint.write_checkpoint); the
+    `weights` dict itself is then what holds them here."""
+    write_checkpoint(checkpoint_dir(state_dir), {"format": STATE_FORMAT, "version": STATE_VERSION, "round": round_number,
+                                                 "weights": weights, "outer": outer_state, "history": history,
+                                                 "config": config}, tensors_written)
     make_private_tree(checkpoint_dir(state_dir))
 
 
