@@ -189,7 +189,7 @@ class UploadListener:
                 conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
             body = self._receive(conn, request.early, size, in_ram, time.monotonic() + self.limits.body_timeout_s)
         except BaseException as error:
-            self.loop.call_soon_threadsafe(_abandon, self.c, record, size, in_ram, error)
+            self._on_loop(_abandon(self.c, record, size, in_ram, error))  # released before the answer goes out
             if isinstance(error, socket.timeout):
                 raise RequestError(408, f"the body did not arrive within {self.limits.body_timeout_s:g} s "
                                         "([coordinator] body_timeout_s); send it faster or raise the limit") from None
@@ -267,7 +267,7 @@ async def _admit(c: Coordinator, token: str | None, round_number: int, size: int
     return record, c.budget.reserve(size)
 
 
-def _abandon(c: Coordinator, record: WorkerRecord, size: int, in_ram: bool, error: BaseException) -> None:
+async def _abandon(c: Coordinator, record: WorkerRecord, size: int, in_ram: bool, error: BaseException) -> None:
     c.uploading.discard(record.id)
     if in_ram:
         c.budget.release(size)
