@@ -205,70 +205,105 @@ __global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict_
 
 // The same with 16-byte accesses: lane l owns chunks l, l + 32, ... (at most CH) of kVec<T> adjacent
 // columns, so a warp moves 512 bytes per load instead of 64 (bf16). C % kVec<T> == 0, rows 16-byte
-// aligned.
+// aligned. A warp has R rows in flight (rows r, r + stride, ...: the same order of the dw and db
+// sums as one at a time), their loads issued together so that each one's latency hides the
+// others'; the rows stay packed (16 bytes of T a chunk) and are unpacked where used, which costs
+// fewer registers than one row in floats.
 // With dres, dx also adds dres (the gradient that reached x's residual stream by the other path).
+// The weights of chunk `ch` (W columns; 1 without weights, 0 past the row), from L1 where they stay:
+// re-read for each row rather than held in registers for the whole kernel.
+template <int W>
+__device__ __forceinline__ void load_weights(float (&wc)[W], const float* __restrict__ w, int ch, int NC) {
+    if (ch < NC && w) {
+        load_floats(wc, w, ch * W, 0.f);
+    } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) wc[k] = ch < NC ? 1.f : 0.f;
+    }
+}
+
 template <typename T, int CH>
-__global__ void layernorm_backward_vec_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
+__global__ void __launch_bounds__(128, CH <= 2 ? 4 : CH == 3 ? 3 : 2) layernorm_backward_vec_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
                                               float* __restrict__ db_part, const T* __restrict__ dout,
                                               const T* __restrict__ x, const float* __restrict__ w,
                                               const float* __restrict__ mean, const float* __restrict__ rstd,
                                               int64_t N, int C, const T* __restrict__ dres) {
-    constexpr int W = kVec<T>;
+    constexpr int W = kVec<T>, R = 2;
     const bool need_w = dw_part != nullptr;
     float *sdw, *sdb;
     zeroed_block_sums(C, need_w, sdw, sdb);
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, NC = C / W;
-    float acc_dw[CH][W], acc_db[CH][W], wc[CH][W];
+    float acc_dw[CH][W], acc_db[CH][W];
 #pragma unroll
     for (int i = 0; i < CH; ++i)
 #pragma unroll
-        for (int k = 0; k < W; ++k) {
-            const int ch = lane + 32 * i, c = ch * W + k;
-            acc_dw[i][k] = acc_db[i][k] = 0.f;
-            wc[i][k] = ch < NC ? (w ? w[c] : 1.f) : 0.f;  // once per kernel: scalar loads are fine
-        }
-    for (int64_t row = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); row < N; row += (int64_t)gridDim.x * warps) {
-        const uint4* g = reinterpret_cast<const uint4*>(dout + row * C);
-        const uint4* xr = reinterpret_cast<const uint4*>(x + row * C);
-        const float m = mean[row], r = rstd[row];
-        float gv[CH][W], xh[CH][W];
-        float sum_g = 0.f, sum_gx = 0.f;
+        for (int k = 0; k < W; ++k) acc_dw[i][k] = acc_db[i][k] = 0.f;
+    const int64_t stride = (int64_t)gridDim.x * warps;
+    const uint4 zero = make_uint4(0, 0, 0, 0);  // a lane's chunk past the row: 0 in float32 and bf16 alike
+    for (int64_t first = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); first < N; first += R * stride) {
+        uint4 gp[R][CH], xp[R][CH], rp[R][CH];
+        float m[R], r[R], sum_g[R], sum_gx[R];
 #pragma unroll
-        for (int i = 0; i < CH; ++i) {
-            const int ch = lane + 32 * i;
-            if (ch < NC) {
-                unpack(gv[i], g[ch]);
-                unpack(xh[i], xr[ch]);
-            }
+        for (int j = 0; j < R; ++j) {  // every load of the R rows first (warp-uniform: a row is a warp's)
+            const int64_t row = first + j * stride;
+            const bool live = row < N;
+            m[j] = live ? mean[row] : 0.f;
+            r[j] = live ? rstd[row] : 0.f;
 #pragma unroll
-            for (int k = 0; k < W; ++k) {
-                if (ch >= NC) gv[i][k] = xh[i][k] = 0.f;
-                xh[i][k] = (xh[i][k] - m) * r;
-                float gw = gv[i][k] * wc[i][k];
-                sum_g += gw;
-                sum_gx += gw * xh[i][k];
+            for (int i = 0; i < CH; ++i) {
+                const int ch = lane + 32 * i;
+                const bool in = live && ch < NC;
+                gp[j][i] = in ? reinterpret_cast<const uint4*>(dout + row * C)[ch] : zero;
+                xp[j][i] = in ? reinterpret_cast<const uint4*>(x + row * C)[ch] : zero;
+                rp[j][i] = in && dres ? reinterpret_cast<const uint4*>(dres + row * C)[ch] : zero;
             }
         }
-        const float mean_g = warp_sum(sum_g) / C, mean_gx = warp_sum(sum_gx) / C;
-        uint4* d = reinterpret_cast<uint4*>(dx + row * C);
 #pragma unroll
-        for (int i = 0; i < CH; ++i) {
-            const int ch = lane + 32 * i;
-            float o[W];
+        for (int j = 0; j < R; ++j) {
+            sum_g[j] = sum_gx[j] = 0.f;
 #pragma unroll
-            for (int k = 0; k < W; ++k) {
-                o[k] = (gv[i][k] * wc[i][k] - mean_g - xh[i][k] * mean_gx) * r;
-                acc_dw[i][k] += gv[i][k] * xh[i][k];
-                acc_db[i][k] += gv[i][k];
+            for (int i = 0; i < CH; ++i) {
+                float gv[W], xh[W], wc[W];
+                unpack(gv, gp[j][i]);
+                unpack(xh, xp[j][i]);
+                load_weights(wc, w, lane + 32 * i, NC);
+#pragma unroll
+                for (int k = 0; k < W; ++k) {
+                    xh[k] = (xh[k] - m[j]) * r[j];
+                    float gw = gv[k] * wc[k];
+                    sum_g[j] += gw;
+                    sum_gx[j] += gw * xh[k];
+                }
             }
-            if (ch >= NC) continue;
-            if (dres) {
-                float rv[W];
-                unpack(rv, reinterpret_cast<const uint4*>(dres + row * C)[ch]);
+        }
 #pragma unroll
-                for (int k = 0; k < W; ++k) o[k] += rv[k];
+        for (int j = 0; j < R; ++j) {
+            sum_g[j] = warp_sum(sum_g[j]) / C;
+            sum_gx[j] = warp_sum(sum_gx[j]) / C;
+        }
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+            const int64_t row = first + j * stride;
+            if (row >= N) break;
+            uint4* d = reinterpret_cast<uint4*>(dx + row * C);
+#pragma unroll
+            for (int i = 0; i < CH; ++i) {
+                const int ch = lane + 32 * i;
+                float gv[W], xh[W], o[W], rv[W], wc[W];
+                unpack(gv, gp[j][i]);
+                unpack(xh, xp[j][i]);
+                unpack(rv, rp[j][i]);
+                load_weights(wc, w, ch, NC);
+#pragma unroll
+                for (int k = 0; k < W; ++k) {
+                    xh[k] = (xh[k] - m[j]) * r[j];
+                    o[k] = (gv[k] * wc[k] - sum_g[j] - xh[k] * sum_gx[j]) * r[j];
+                    if (dres) o[k] += rv[k];
+                    acc_dw[i][k] += gv[k] * xh[k];
+                    acc_db[i][k] += gv[k];
+                }
+                if (ch < NC) d[ch] = pack(o);
             }
-            d[ch] = pack(o);
         }
     }
     if (!need_w) return;
