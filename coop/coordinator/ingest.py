@@ -135,7 +135,7 @@ class UploadListener:
     def _refuse_full(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(5.0)
-            _respond(conn, 503, {"detail": "too many uploads at once; try again shortly"}, {"Retry-After": "5"})
+            _respond(conn, 503, {"detail": "too many transfers at once; try again shortly"}, {"Retry-After": "5"})
         except OSError:
             pass
         finally:
