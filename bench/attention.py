@@ -16,25 +16,18 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's engine
 
 import engine  # noqa: E402
+from timing import seconds_per_call  # noqa: E402 (bench/)
 from engine.backends import cuda as gpu  # noqa: E402
 
 
 def _time(fn, iters: int, warmup: int, sync) -> float:
-    for _ in range(warmup):
-        fn()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / iters * 1e3
+    return seconds_per_call(fn, iters, warmup, sync) * 1e3  # ms
 
 
 def bench_engine(B, H, T, D, iters, warmup, wgmma: bool) -> dict:

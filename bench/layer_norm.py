@@ -13,22 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import numpy as np
+from timing import seconds_per_call
 
 SHAPES = {"gpt2_124m": (16 * 1024, 768), "shakespeare_char": (64 * 256, 384)}
 
 
 def timed(call, sync, calls: int, warmup: int = 20) -> float:
-    for _ in range(warmup):
-        call()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        call()
-    sync()
-    return (time.perf_counter() - t0) / calls * 1e6
+    return seconds_per_call(call, calls, warmup, sync) * 1e6  # us
 
 
 def bench_engine(N: int, C: int, calls: int) -> dict:

@@ -303,7 +303,7 @@ class Aggregator:
             views = self._unflatten(np.empty(size, np.float32) if out is None else out)  # out may be the sums
             parallel_map(lambda name: np.divide(self._sum[name], self.total_weight, out=views[name],
                                                 casting="same_kind"), list(views), size)
-            if out is not None and np.shares_memory(out, self._sum_flat):
+            if out is not None and out.ctypes.data == self._sum_flat.ctypes.data:
                 self._sum = self._sum_flat = None  # the caller's now: the next round's sums go elsewhere
             return views
         return self._robust_result(out)

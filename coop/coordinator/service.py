@@ -346,9 +346,10 @@ class Coordinator:
             self.precheck_update(record, round_number)  # the round may have closed while we decoded
             tokens = int(meta["tokens"])
             try:  # the robust rules keep the prepared copy; the streamed mean adds it up (in a thread)
-                sums = (await self.next_body.get(round_number + 1)).flat(self.parts[self.fragment])
-                if self.aggregator.streaming and sums is not None:  # in the next round's weights buffer
-                    self.aggregator.keep_sum_in(sums)
+                if self.aggregator.streaming:  # its sums in the next round's weights buffer (served.NextBody)
+                    sums = (await self.next_body.get(round_number + 1)).flat(self.parts[self.fragment])
+                    if sums is not None:
+                        self.aggregator.keep_sum_in(sums)
                 add = self.aggregator.add_prepared
                 norm = await asyncio.to_thread(add, update, tokens) if self.aggregator.streaming else add(update, tokens)
             except ValueError as error:  # aggregator's own checks; it is unchanged
