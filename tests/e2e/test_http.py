@@ -263,8 +263,10 @@ def test_a_restart_does_not_wait_for_workers_that_died_with_the_coordinator(tmp_
     coordinator = procs(Coordinator(tmp_path, config))
     survivor, casualty = (procs(Worker(tmp_path, coordinator, f"worker{i}")) for i in range(2))
     logs = [survivor.log, casualty.log]
-    coordinator.wait_status(lambda s: (s["checkpoint"]["resumes_at"] or 0) >= 3 and len(s["workers"]) == 2, 60,
-                            "round 3 saved", logs)
+    # both known to the state directory: each has had an update accepted in a round that closed since
+    # (members.json is written at every close; a join is written within a tick, which a kill can beat)
+    coordinator.wait_status(lambda s: (s["checkpoint"]["resumes_at"] or 0) >= 3 and len(s["workers"]) == 2
+                            and all(w["rounds"] >= 2 for w in s["workers"]), 60, "round 3 saved", logs)
     coordinator.kill(signal.SIGKILL)
     casualty.kill(signal.SIGKILL)
     resumed_at = load_run(coordinator.state_dir).round
