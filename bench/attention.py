@@ -9,6 +9,7 @@ faster than PyTorch).
 
     python bench/attention.py                         # gpt2_124m's attention: B 16, H 12, T 1024, D 64
     python bench/attention.py --batch 64 --heads 6 --seq 256
+    python bench/attention.py --heads 6 --head-dim 128          # the same width in heads of 128
 """
 from __future__ import annotations
 
@@ -45,7 +46,10 @@ def bench_engine(B, H, T, D, iters, warmup, wgmma: bool) -> dict:
         gpu.attention_wgmma_forward(prev[0])
         gpu.attention_wgmma_backward(prev[1])
     name = "engine wgmma" if wgmma else "engine mma.sync"
-    return {"impl": name, "fwd_ms": round(fwd, 4), "bwd_ms": round(bwd, 4)}
+    row = {"impl": name, "fwd_ms": round(fwd, 4), "bwd_ms": round(bwd, 4)}
+    if not wgmma and D == 128:
+        row["bwd_kernel"] = "wmma"  # mma.sync has no backward at head dim 128
+    return row
 
 
 def bench_torch(B, H, T, D, iters, warmup, backend_name: str) -> dict | None:

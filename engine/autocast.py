@@ -71,3 +71,46 @@ def cast_for(tensor):
     if dt is None or not tensor.dtype.is_floating_point:
         return None
     return dt
+
+
+# ---- one cast of the weights per forward -------------------------------------------------------
+# A linear layer under autocast casts its float32 weight (and bias) where it is used: one small
+# kernel per parameter. cast_weights casts them all at the start of a model's forward, one launch
+# per device, and the ops of that forward take their copies from here. The copies live only as long
+# as the scope: a weight changed after it (an optimizer step, an outer step, a load) is cast afresh
+# by the next forward, and nothing else can see a stale copy.
+_casts = threading.local()  # .arrays: {id(float32 array): (that array, its cast)} while a scope is open
+
+
+@contextlib.contextmanager
+def cast_weights(params):
+    """Within the scope, the float32 parameters among `params` (Tensors), of a device type autocast is
+    on for, cast once to the autocast dtype; ops get them with `weight_cast`. Without autocast on, or
+    nested inside another scope (whose casts stay in use), it does nothing."""
+    if getattr(_casts, "arrays", None) is not None:
+        yield
+        return
+    by_backend: dict = {}
+    for p in params:
+        dt = cast_for(p)
+        if dt is not None and p.dtype is dtypes.float32:
+            by_backend.setdefault((p._backend, dt), {})[id(p.data)] = p.data  # a tied weight once
+    arrays: dict = {}
+    for (backend, dt), group in by_backend.items():
+        xs = list(group.values())
+        for x, y in zip(xs, backend.astype_many(xs, dt)):
+            arrays[id(x)] = (x, y)
+    _casts.arrays = arrays
+    try:
+        yield
+    finally:
+        _casts.arrays = None
+
+
+def weight_cast(backend, array, dtype):
+    """`array` (a parameter's data) in `dtype`: its copy from the open cast_weights scope when there is
+    one, else cast now."""
+    hit = (getattr(_casts, "arrays", None) or {}).get(id(array))
+    if hit is not None and hit[0] is array and backend.dtype_of(hit[1]) is dtype:
+        return hit[1]
+    return backend.astype(array, dtype)

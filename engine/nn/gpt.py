@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
+from ..autocast import cast_weights
 from ..autograd import no_grad
 from ..random import default_generator
 from ..factories import arange
@@ -92,16 +93,26 @@ class GPT(Module):
         return_logits=True to get them too, as (logits, loss), from the unfused head."""
         if idx.ndim != 2:
             raise ValueError(f"GPT: idx must be (B, T) token indices, got shape {idx.shape}")
-        hidden = self._hidden(idx)  # (B, T, C)
-        if targets is not None and not return_logits:
-            loss = F.linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight,
-                                          targets.reshape(-1), ignore_index=-1)
-            return None, loss
-        logits = self.lm_head(hidden)  # (B, T, V)
+        with cast_weights(self._cast_weights()):  # under autocast: the GEMMs' weights in one launch
+            hidden = self._hidden(idx)  # (B, T, C)
+            if targets is not None and not return_logits:
+                loss = F.linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight,
+                                              targets.reshape(-1), ignore_index=-1)
+                return None, loss
+            logits = self.lm_head(hidden)  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
         return logits, loss
+
+    def _cast_weights(self) -> list[Tensor]:
+        """The parameters that autocast runs in bf16: the linear layers' weights and biases, the head's
+        (the tied embedding) among them; the embeddings' lookups and the layer norms read float32."""
+        params = []
+        for module in self.modules():
+            if isinstance(module, Linear):
+                params += [module.weight] + ([module.bias] if module.bias is not None else [])
+        return params
 
     def optimizer_groups(self, weight_decay: float) -> list[dict]:
         """Parameter groups as GPT-2 trains them: matrices decayed, biases and norms not."""

@@ -9,6 +9,7 @@ loss's gradient. Peak memory: one (N, V) buffer; nothing of size N x V outlives 
 """
 from __future__ import annotations
 
+from ..autocast import weight_cast
 from ..autograd import Function
 
 
@@ -26,7 +27,7 @@ class LinearCrossEntropy(Function):
         be = self.be
         weight_dtype = be.dtype_of(weight)
         if compute_dtype is not None and weight_dtype is not compute_dtype:
-            weight = be.astype(weight, compute_dtype)  # (V, C)
+            weight = weight_cast(be, weight, compute_dtype)  # (V, C): the model's one cast of its weights, or now
         logits = be.matmul(x, weight, transpose_b=True)  # (N, C) @ (C, V) -> (N, V)
         self.dx = self.dweight = None
         if need_dx or need_dweight:

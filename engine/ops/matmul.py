@@ -1,6 +1,7 @@
 """Matrix multiplication, batched with broadcast batch dimensions."""
 from __future__ import annotations
 
+from ..autocast import weight_cast
 from ..autograd import Function
 from .elementwise import unbroadcast
 
@@ -38,8 +39,9 @@ class Linear(Function):
         self.param_dtype = None  # the dtype of dw and db: None for x's
         if compute_dtype is not None and be.dtype_of(w) is not compute_dtype:
             self.param_dtype = be.dtype_of(w)
-            w = be.astype(w, compute_dtype)  # (O, I) in compute_dtype, for the forward and dx
-            b = be.astype(b, compute_dtype) if b is not None else None
+            # (O, I) in compute_dtype, for the forward and dx: the model's one cast of its weights, or now
+            w = weight_cast(be, w, compute_dtype)
+            b = weight_cast(be, b, compute_dtype) if b is not None else None
         self.w, self.activation = w, activation
         out, self.pre = be.linear(self.x2, w, b, activation)  # (N, O), pre-activation (N, O) or None
         return be.reshape(out, self.x_shape[:-1] + (w.shape[0],))

@@ -1,5 +1,6 @@
-"""The Hopper attention kernels (csrc/cuda/attention/attention_wgmma.cu, wgmma, head dim 64), forward and
-backward, against the CPU reference and against the mma.sync kernels they replace.
+"""The Hopper attention kernels (csrc/cuda/attention/attention_wgmma.cu, wgmma, head dims 32, 64 and 128),
+forward and backward, against the CPU reference and against the kernels they replace (mma.sync; at
+head dim 128 the backward's are the WMMA ones).
 Tolerance as test_attention.py's bf16: 3e-2 of the largest reference value (inputs rounded to bf16
 on both sides, probabilities rounded to bf16 before the products on the GPU only)."""
 from __future__ import annotations
@@ -62,14 +63,9 @@ def test_default_build_has_the_hopper_kernel():
         "engine._C was built without sm_90a (ENGINE_CUDA_ARCHS); the attention forward falls back to mma.sync"
 
 
-@pytest.mark.parametrize("wgmma", KERNELS)
-@pytest.mark.parametrize("B,H,T,S,causal", [(2, 3, 64, 64, True), (2, 3, 128, 128, True), (1, 2, 37, 130, True),
-                                            (1, 1, 1, 9, True), (2, 2, 256, 256, True), (1, 3, 330, 400, True),
-                                            (2, 2, 129, 129, False), (1, 2, 200, 333, False), (1, 2, 130, 70, True),
-                                            (3, 4, 1024, 1024, True)])
-def test_matches_cpu(wgmma, B, H, T, S, causal):
-    (Q, K, V, G), (q, k, v, g) = _inputs((B, H, T, 64), (B, H, S, 64), seed=T + 7 * S)
-    scale = 0.125
+def _check_against_cpu(wgmma, B, H, T, S, D, causal):
+    (Q, K, V, G), (q, k, v, g) = _inputs((B, H, T, D), (B, H, S, D), seed=T + 7 * S + D)
+    scale = D ** -0.5
     out_c, lse_c, _ = cpu.attention(q, k, v, causal, scale)
     with _kernels(wgmma):
         out, lse, _ = gpu.attention(Q, K, V, causal, scale)
@@ -86,34 +82,58 @@ def test_matches_cpu(wgmma, B, H, T, S, causal):
         assert _rel(_download(got), want) < TOL * 2, name
 
 
+@pytest.mark.parametrize("wgmma", KERNELS)
+@pytest.mark.parametrize("B,H,T,S,causal", [(2, 3, 64, 64, True), (2, 3, 128, 128, True), (1, 2, 37, 130, True),
+                                            (1, 1, 1, 9, True), (2, 2, 256, 256, True), (1, 3, 330, 400, True),
+                                            (2, 2, 129, 129, False), (1, 2, 200, 333, False), (1, 2, 130, 70, True),
+                                            (3, 4, 1024, 1024, True)])
+def test_matches_cpu(wgmma, B, H, T, S, causal):
+    _check_against_cpu(wgmma, B, H, T, S, 64, causal)
+
+
+@pytest.mark.parametrize("wgmma", KERNELS)
+@pytest.mark.parametrize("D", [32, 128])
+@pytest.mark.parametrize("B,H,T,S,causal", [(2, 3, 128, 128, True), (1, 2, 37, 130, True), (1, 1, 1, 9, True),
+                                            (1, 3, 330, 400, True), (1, 2, 200, 333, False), (1, 2, 130, 70, True),
+                                            (2, 2, 1024, 1024, True)])
+def test_other_head_dims_match_cpu(wgmma, D, B, H, T, S, causal):
+    """Head dim 128 is two panels of 64 columns in every tile (and dQ a panel at a time); 32 is half
+    a panel (n32 products). Partial tiles, T != S and T > S as for 64."""
+    _check_against_cpu(wgmma, B, H, T, S, D, causal)
+
+
 @pytest.mark.parametrize("causal", [True, False])
-def test_matches_the_mma_kernels(causal):
-    """Same inputs through the wgmma and the mma.sync kernels: they differ only in accumulation order
-    (and the backward's dQ, by atomics, in summation order), so they agree far tighter than either
-    does with the float32 reference."""
-    (Q, K, V, G), _ = _inputs((2, 6, 512, 64), (2, 6, 512, 64), seed=11)
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_matches_the_mma_kernels(causal, D):
+    """Same inputs through the wgmma and the mma.sync kernels (at head dim 128 the backward's fallback
+    is the WMMA kernel): they differ only in accumulation order (and the backward's dQ, by atomics, in
+    summation order), so they agree far tighter than either does with the float32 reference."""
+    (Q, K, V, G), _ = _inputs((2, 6, 512, D), (2, 6, 512, D), seed=11)
     res = {}
     for name in ("mma", "wgmma"):
         with _kernels(name == "wgmma"):
-            out, lse, _ = gpu.attention(Q, K, V, causal, 0.125)
-            grads = gpu.attention_backward(G, Q, K, V, out, lse, causal, 0.125)
+            out, lse, _ = gpu.attention(Q, K, V, causal, D ** -0.5)
+            grads = gpu.attention_backward(G, Q, K, V, out, lse, causal, D ** -0.5)
         res[name] = [_download(x) for x in (out, *grads)] + [gpu.to_numpy(lse)]
+    assert not np.array_equal(res["wgmma"][0], res["mma"][0]), "the same kernel ran twice"
     for i, what in enumerate(("out", "dq", "dk", "dv")):
         assert _rel(res["wgmma"][i], res["mma"][i]) < 1e-2, what
     np.testing.assert_allclose(res["wgmma"][4], res["mma"][4], atol=1e-4, rtol=1e-5)
 
 
 @pytest.mark.parametrize("wgmma", KERNELS)
-def test_reads_packed_qkv(wgmma):
-    """Q, K, V as strided views into one packed (B, T, 3 H 64) projection, as in GPT."""
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_reads_packed_qkv(wgmma, D):
+    """Q, K, V as strided views into one packed (B, T, 3 H D) projection, as in GPT."""
     B, T, H = 2, 200, 4
     rng = np.random.default_rng(5)
-    (QKV, qkv), (G, g) = _bf16(rng.standard_normal((B, T, 3 * H * 64))), _bf16(rng.standard_normal((B, T, H * 64)))
-    out_c, lse_c, _ = cpu.attention_qkv(qkv, H, True, 0.125)
-    dqkv_c = cpu.attention_qkv_backward(g, qkv, out_c, lse_c, H, True, 0.125)
+    (QKV, qkv), (G, g) = _bf16(rng.standard_normal((B, T, 3 * H * D))), _bf16(rng.standard_normal((B, T, H * D)))
+    scale = D ** -0.5
+    out_c, lse_c, _ = cpu.attention_qkv(qkv, H, True, scale)
+    dqkv_c = cpu.attention_qkv_backward(g, qkv, out_c, lse_c, H, True, scale)
     with _kernels(wgmma):
-        out, lse, _ = gpu.attention_qkv(QKV, H, True, 0.125)
-        dqkv = gpu.attention_qkv_backward(G, QKV, out, lse, H, True, 0.125)
+        out, lse, _ = gpu.attention_qkv(QKV, H, True, scale)
+        dqkv = gpu.attention_qkv_backward(G, QKV, out, lse, H, True, scale)
     assert _rel(_download(out), out_c) < TOL
     np.testing.assert_allclose(gpu.to_numpy(lse), lse_c, atol=TOL * 10, rtol=TOL)
     assert _rel(_download(dqkv), dqkv_c) < 2 * TOL

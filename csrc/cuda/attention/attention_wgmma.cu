@@ -1,13 +1,19 @@
-// bf16 fused attention on Hopper's warpgroup MMA (wgmma, sm_90a), head dim 64, forward and backward:
-// attention.cu's first choice for bf16 without dropout, before attention_mma.cu's mma.sync kernels.
+// bf16 fused attention on Hopper's warpgroup MMA (wgmma, sm_90a), head dims 32, 64 and 128, forward
+// and backward: attention.cu's first choice for bf16 without dropout, before attention_mma.cu's
+// mma.sync kernels.
 //
 // A block of two warpgroups owns 128 queries, 64 per warpgroup. K and V tiles of BN keys are
 // double-buffered in shared memory (cp.async into the 128-byte swizzled layout of wgmma.cuh), and
 // the tensor cores read them from there, with no ldmatrix and no register copies of the operands:
 //   S (64 x BN) = Q K^T      Q and K as K-major tiles;
-//   O (64 x 64) += P V       P in registers (S's accumulator re-packed as bf16: an m64nN accumulator
+//   O (64 x D) += P V        P in registers (S's accumulator re-packed as bf16: an m64nN accumulator
 //                            has the layout of the next wgmma's A operand), V as an N-major tile.
 // The online softmax in between is attention_mma.cu's, on the same fragment layout.
+//
+// Head dims: a tile of (rows, D) is P = D / 64 panels (at least one) of (rows, 64) swizzled bf16, one
+// after the other; D = 32 fills the first half of each row. A product over D takes W / 16 k-steps
+// in each panel (W = a panel's columns, 32 or 64), and a product into D columns is one wgmma of
+// N = W per panel, into that panel's columns of the accumulator (wgmma::columns).
 #include <cuda_bf16.h>
 
 #include <type_traits>
@@ -23,20 +29,29 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using namespace attn;
-constexpr int D = 64;                   // a row of Q, K or V is 128 bytes: one swizzle atom
 constexpr int BM = 128, kThreads = 256;  // two warpgroups of 64 queries
+
+// a head dim's panels: P of W columns, each row of a panel 128 bytes (wgmma.cuh's swizzle atom)
+template <int D>
+struct Panels {
+    static_assert(D == 32 || D == 64 || D == 128, "the wgmma kernels take head dims 32, 64 and 128");
+    static constexpr int P = D > 64 ? D / 64 : 1, W = D < 64 ? D : 64;
+    static constexpr uint32_t tile_bytes(int rows) { return (uint32_t)rows * 128 * P; }  // an (rows, D) tile
+};
 // Keys per K/V tile of the forward. 128 measured slower on gpt2_124m (0.160 against 0.138 ms a
 // layer): 188 registers leave one block per SM.
 constexpr int BN = 64;
 
-// rows [row0, row0 + R) of a (b, h) slice -> the swizzled (R, 64) tile at shared address dst;
-// rows >= nrows are zero
-template <int R, int NT = kThreads>
+// rows [row0, row0 + R) of a (b, h) slice -> the swizzled (R, D) tile at shared address dst (its
+// panels of (R, 64) one after the other); rows >= nrows are zero
+template <int D, int R, int NT = kThreads>
 __device__ __forceinline__ void load_tile(uint32_t dst, const bf16* src, int64_t st, int row0, int nrows) {
-    for (int i = threadIdx.x; i < R * 8; i += NT) {
-        const int r = i >> 3, c = i & 7, row = row0 + r;
+    constexpr int CPR = D / 8;  // 16-byte chunks of a row
+    for (int i = threadIdx.x; i < R * CPR; i += NT) {
+        const int r = i / CPR, c = i % CPR, row = row0 + r;
         const bool ok = row < nrows;
-        cp_async16(dst + wgmma::swizzled(r, c), src + (int64_t)(ok ? row : 0) * st + c * 8, ok);
+        cp_async16(dst + (c >> 3) * (R * 128) + wgmma::swizzled(r, c & 7), src + (int64_t)(ok ? row : 0) * st + c * 8,
+                   ok);
     }
 }
 
@@ -97,16 +112,20 @@ __device__ __forceinline__ void softmax_step(float (&s)[N][4], float (&m)[2], fl
 // grid ceil(T / 128) * B * H (attn::tile_order, heaviest first). Per warpgroup, iteration j issues
 // S_{j+1} = Q K_{j+1}^T and then O += P_j V_j, and runs the softmax of S_{j+1} while P_j V_j is on the
 // tensor cores (FlashAttention-3's overlap inside a warpgroup). K/V tiles sit in a ring of three
-// buffers: K_{j+1} and V_j are read while tile j + 2 loads.
-__global__ void __launch_bounds__(kThreads, 2)
+// buffers: K_{j+1} and V_j are read while tile j + 2 loads. Head dim 128 holds 64 more accumulator
+// registers a thread: one block per SM.
+template <int D>
+__global__ void __launch_bounds__(kThreads, D <= 64 ? 2 : 1)
     fwd_kernel(bf16* __restrict__ o, float* __restrict__ lse, const bf16* __restrict__ q, const bf16* __restrict__ k,
                const bf16* __restrict__ v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int H, int Tq,
                int S, bool causal, float scale2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
-    constexpr uint32_t kKV = BN * 128;  // bytes of a swizzled (BN, 64) tile
-    const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;  // Q (BM, 64); K, V [3](BN, 64), swizzled
-    const uint32_t sK = sQ + BM * 128, sV = sK + 3 * kKV;
+    using PD = Panels<D>;
+    constexpr int P = PD::P, W = PD::W;
+    constexpr uint32_t kKV = PD::tile_bytes(BN);  // bytes of a swizzled (BN, D) tile
+    const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;  // Q (BM, D); K, V [3](BN, D), swizzled
+    const uint32_t sK = sQ + PD::tile_bytes(BM), sV = sK + 3 * kKV;
     // the warpgroup's index through a shuffle, so that the compiler sees it (and the branches around
     // the wgmma on it) as uniform over the warp; else it serialises every wgmma (ptxas C7520)
     const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
@@ -120,16 +139,21 @@ __global__ void __launch_bounds__(kThreads, 2)
     // tiles this warpgroup sees (under a causal mask the first warpgroup may see one fewer)
     const int wg_tiles = causal ? (max(0, min(S, min(wq0 + 64, Tq) + off)) + BN - 1) / BN : ntiles;
     auto load_kv = [&](int tile) {
-        load_tile<BN>(sK + tile % 3 * kKV, kb, lk.st, tile * BN, S);
-        load_tile<BN>(sV + tile % 3 * kKV, vb, lv.st, tile * BN, S);
+        load_tile<D, BN>(sK + tile % 3 * kKV, kb, lk.st, tile * BN, S);
+        load_tile<D, BN>(sV + tile % 3 * kKV, vb, lv.st, tile * BN, S);
     };
     auto is_full = [&](int tile) {  // wholly inside the visible region for every row of the warpgroup
         return (tile + 1) * BN <= S && (!causal || (tile + 1) * BN - 1 <= wq0 + off);
     };
-    auto issue_s = [&](float (&s)[BN / 8][4], int tile, uint64_t desc_q) {  // S = Q_wg K_tile^T, 4 k-steps
-        const uint64_t desc_k = wgmma::desc(sK + tile % 3 * kKV);
+    // desc_q[p]: panel p of this warpgroup's 64 rows of Q
+    auto issue_s = [&](float (&s)[BN / 8][4], int tile, const uint64_t (&desc_q)[P]) {  // S = Q_wg K_tile^T
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) wgmma::mma_ss(s, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
+        for (int p = 0; p < P; ++p) {
+            const uint64_t desc_k = wgmma::desc(sK + tile % 3 * kKV + p * (BN * 128));
+#pragma unroll
+            for (int kk = 0; kk < W / 16; ++kk)
+                wgmma::mma_ss(s, desc_q[p] + 2 * kk, desc_k + 2 * kk, p > 0 || kk > 0);
+        }
         wgmma::commit();
     };
 
@@ -139,9 +163,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     zero(acc);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];  // rows g, g + 8
     const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
-    const uint64_t desc_q = wgmma::desc(sQ + wg * 64 * 128);
+    uint64_t desc_q[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) desc_q[p] = wgmma::desc(sQ + p * (BM * 128) + wg * 64 * 128);
 
-    load_tile<BM>(sQ, qb, lq.st, q0, Tq);
+    load_tile<D, BM>(sQ, qb, lq.st, q0, Tq);
     if (ntiles > 0) load_kv(0);
     cp_async_commit();
     cp_async_wait<0>();
@@ -170,10 +196,14 @@ __global__ void __launch_bounds__(kThreads, 2)
         wgmma::hold(acc);  // the rescale stays before the fence
         wgmma::fence();
         if constexpr (next) issue_s(s, it + 1, desc_q);
-        // O_wg (64 x 64) += P (64 x BN) V (BN x 64), k-steps of 16 keys (16 rows of V: 2048 bytes)
-        const uint64_t desc_v = wgmma::desc(sV + it % 3 * kKV);
+        // O_wg (64 x D) += P (64 x BN) V (BN x D), per panel of V; k-steps of 16 keys (16 rows: 2048 bytes)
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) wgmma::mma_rs_n_major(acc, pa[kk], desc_v + 128 * kk);
+        for (int p = 0; p < P; ++p) {
+            const uint64_t desc_v = wgmma::desc(sV + it % 3 * kKV + p * (BN * 128));
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                wgmma::mma_rs_n_major(wgmma::columns<W>(acc, p * W), pa[kk], desc_v + 128 * kk);
+        }
         wgmma::commit();
         if constexpr (next) {
             wgmma::wait<1>();
@@ -206,16 +236,19 @@ __global__ void __launch_bounds__(kThreads, 2)
 // ---- backward -----------------------------------------------------------------------------------
 
 // One warpgroup owns 64 keys (BK): K and V stay in shared memory, dK and dV accumulate in registers,
-// and it walks the query tiles of 64 that see those keys (Q, dO, lse, delta double-buffered):
+// and it walks the query tiles of 64 that see those keys (Q, dO, lse, delta double-buffered); each
+// product over D or into D columns runs panel by panel, as the forward's:
 //   S^T (keys x queries) = K Q^T       dP^T = V dO^T          K, V, Q, dO as K-major tiles
 //   P^T = exp(S^T scale - lse)         dS^T = P^T (dP^T - delta)     in registers
 //   dV += P^T dO                       dK += dS^T Q           P^T, dS^T as A in registers; dO, Q N-major
-//   dQ (queries x 64) = dS K           dS^T through shared memory as an M-major A, K as an N-major B,
-//                                      added into dq_acc (float32) with atomics
+//   dQ (queries x D) = dS K            dS^T through shared memory as an M-major A, K as an N-major B,
+//                                      added into dq_acc (float32) with atomics, a panel at a time
+//                                      (head dim 128: 32 registers for it instead of 64)
 // attention.cu prepares delta = rowsum(dO * O) and turns dq_acc into dq (with the scale).
 constexpr int BK = 64, BRB = 64, kThreadsB = 128;
 
 // grid ceil(S / 64) * B * H (attn::tile_order, heaviest first)
+template <int D>
 __global__ void __launch_bounds__(kThreadsB)
     bwd_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc, const bf16* __restrict__ dout,
                const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v,
@@ -223,10 +256,12 @@ __global__ void __launch_bounds__(kThreadsB)
                AttnLayout lv, AttnLayout lo, int H, int Tq, int S, bool causal, float scale, float scale2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ unsigned char smem_raw[];
-    constexpr uint32_t kTile = 64 * 128;  // a swizzled (64, 64) bf16 tile
+    using PD = Panels<D>;
+    constexpr int P = PD::P, W = PD::W;
+    constexpr uint32_t kTile = PD::tile_bytes(64), kPanel = 64 * 128;  // a swizzled (64, D) tile, one panel of it
     const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + kTile;
     const uint32_t sQ2 = sV + kTile, sdO2 = sQ2 + 2 * kTile, sdS = sdO2 + 2 * kTile;  // Q, dO [2]; dS^T (keys, queries)
-    float* sLse2 = reinterpret_cast<float*>(smem_raw + (sdS + kTile - smem_addr(smem_raw)));  // [2][BRB]
+    float* sLse2 = reinterpret_cast<float*>(smem_raw + (sdS + kPanel - smem_addr(smem_raw)));  // [2][BRB]
     float* sDelta2 = sLse2 + 2 * BRB;
     unsigned char* sdS_ptr = smem_raw + (sdS - smem_addr(smem_raw));
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -235,13 +270,13 @@ __global__ void __launch_bounds__(kThreadsB)
 
     // the query tile at i0 (its rows of Q, dO, lse, delta) into buffer `buf`
     auto load_query_tile = [&](int i0, int buf) {
-        load_tile<BRB, kThreadsB>(sQ2 + buf * kTile, ks.q, lq.st, i0, Tq);
-        load_tile<BRB, kThreadsB>(sdO2 + buf * kTile, ks.dout, lo.st, i0, Tq);
+        load_tile<D, BRB, kThreadsB>(sQ2 + buf * kTile, ks.q, lq.st, i0, Tq);
+        load_tile<D, BRB, kThreadsB>(sdO2 + buf * kTile, ks.dout, lo.st, i0, Tq);
         stage_lse_delta<BRB, kThreadsB>(sLse2 + buf * BRB, sDelta2 + buf * BRB, ks.lse, ks.delta, i0, Tq);
     };
 
-    load_tile<BK, kThreadsB>(sK, k + b * lk.sb + h * lk.sh, lk.st, k0, S);
-    load_tile<BK, kThreadsB>(sV, v + b * lv.sb + h * lv.sh, lv.st, k0, S);
+    load_tile<D, BK, kThreadsB>(sK, k + b * lk.sb + h * lk.sh, lk.st, k0, S);
+    load_tile<D, BK, kThreadsB>(sV, v + b * lv.sb + h * lv.sh, lv.st, k0, S);
     if (i_begin < Tq) load_query_tile(i_begin, 0);
     cp_async_commit();
 
@@ -249,7 +284,10 @@ __global__ void __launch_bounds__(kThreadsB)
     zero(dk_acc);
     zero(dv_acc);
     const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
-    const uint64_t desc_k = wgmma::desc(sK), desc_v = wgmma::desc(sV), desc_ds = wgmma::desc(sdS);
+    const uint64_t desc_ds = wgmma::desc(sdS);
+    uint64_t desc_k[P], desc_v[P];  // their panels
+#pragma unroll
+    for (int p = 0; p < P; ++p) desc_k[p] = wgmma::desc(sK + p * kPanel), desc_v[p] = wgmma::desc(sV + p * kPanel);
 
     for (int i0 = i_begin, it = 0; i0 < Tq; i0 += BRB, ++it) {
         const int buf = it & 1;
@@ -258,16 +296,24 @@ __global__ void __launch_bounds__(kThreadsB)
         cp_async_wait<1>();
         wgmma::fence_smem();
         __syncthreads();
-        const uint64_t desc_q = wgmma::desc(sQ2 + buf * kTile), desc_do = wgmma::desc(sdO2 + buf * kTile);
+        uint64_t desc_q[P], desc_do[P];
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+            desc_q[p] = wgmma::desc(sQ2 + buf * kTile + p * kPanel), desc_do[p] = wgmma::desc(sdO2 + buf * kTile + p * kPanel);
         const float* sLse = sLse2 + buf * BRB;
         const float* sDelta = sDelta2 + buf * BRB;
         // S^T = K Q^T, dP^T = V dO^T (64 keys x 64 queries each)
         float st[8][4], dpt[8][4];
         wgmma::fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) wgmma::mma_ss(st, desc_k + 2 * kk, desc_q + 2 * kk, kk > 0);
+        for (int p = 0; p < P; ++p)
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) wgmma::mma_ss(dpt, desc_v + 2 * kk, desc_do + 2 * kk, kk > 0);
+            for (int kk = 0; kk < W / 16; ++kk) wgmma::mma_ss(st, desc_k[p] + 2 * kk, desc_q[p] + 2 * kk, p > 0 || kk > 0);
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+#pragma unroll
+            for (int kk = 0; kk < W / 16; ++kk)
+                wgmma::mma_ss(dpt, desc_v[p] + 2 * kk, desc_do[p] + 2 * kk, p > 0 || kk > 0);
         wgmma::commit();
         wgmma::wait<0>();
         wgmma::hold(st);
@@ -302,26 +348,38 @@ __global__ void __launch_bounds__(kThreadsB)
         // dV += P^T dO;  dK += dS^T Q  (scale applied at the end); k-steps of 16 queries
         wgmma::fence();
 #pragma unroll
-        for (int kk = 0; kk < BRB / 16; ++kk) wgmma::mma_rs_n_major(dv_acc, pa[kk], desc_do + 128 * kk);
+        for (int p = 0; p < P; ++p)
 #pragma unroll
-        for (int kk = 0; kk < BRB / 16; ++kk) wgmma::mma_rs_n_major(dk_acc, dsa[kk], desc_q + 128 * kk);
+            for (int kk = 0; kk < BRB / 16; ++kk)
+                wgmma::mma_rs_n_major(wgmma::columns<W>(dv_acc, p * W), pa[kk], desc_do[p] + 128 * kk);
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+#pragma unroll
+            for (int kk = 0; kk < BRB / 16; ++kk)
+                wgmma::mma_rs_n_major(wgmma::columns<W>(dk_acc, p * W), dsa[kk], desc_q[p] + 128 * kk);
         wgmma::commit();
         wgmma::fence_smem();  // dS^T's stores, before the block's wgmma reads them
         __syncthreads();
-        // dQ (64 queries x 64) = dS (queries x keys, read M-major out of dS^T) K (keys x 64, N-major)
-        float dq[8][4];
-        wgmma::fence();
+        // dQ (64 queries x D) = dS (queries x keys, read M-major out of dS^T) K (keys x D, N-major),
+        // a panel of W columns at a time
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)
-            wgmma::mma_ss<1, 1>(dq, desc_ds + 128 * kk, desc_k + 128 * kk, kk > 0);
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::hold(dq);
-        wgmma::hold(dv_acc);
-        wgmma::hold(dk_acc);
-        wgmma::hold(pa);
-        wgmma::hold(dsa);
-        add_dq(ks.dq, D, dq, i0 + warp * 16, 0, Tq, g, t);
+        for (int p = 0; p < P; ++p) {
+            float dq[W / 8][4];
+            wgmma::fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk)
+                wgmma::mma_ss<1, 1>(dq, desc_ds + 128 * kk, desc_k[p] + 128 * kk, kk > 0);
+            wgmma::commit();
+            wgmma::wait<0>();
+            wgmma::hold(dq);
+            wgmma::hold(dv_acc);
+            wgmma::hold(dk_acc);
+            if (p == 0) {
+                wgmma::hold(pa);
+                wgmma::hold(dsa);
+            }
+            add_dq(ks.dq, D, dq, i0 + warp * 16, p * W, Tq, g, t);
+        }
         __syncthreads();  // this buffer and dS^T are refilled next
     }
     cp_async_wait<0>();
@@ -332,30 +390,35 @@ __global__ void __launch_bounds__(kThreadsB)
 #endif
 }
 
+template <int D>
 void forward(cudaStream_t st, void* o, float* lse, const void* q, const void* k, const void* v, AttnLayout lq,
-                AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
-    const int bytes = (BM + 6 * BN) * 128 + 1024;  // Q, K and V [3]; + slack to align the tiles to 1024 bytes
-    check(cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention");
+             AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
+    // Q, K and V [3]; + slack to align the tiles to 1024 bytes
+    const int bytes = (int)Panels<D>::tile_bytes(BM + 6 * BN) + 1024;
+    check(cudaFuncSetAttribute(fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention");
     const unsigned grid = (unsigned)(ceil_div(T, BM) * B * H);
-    fwd_kernel<<<grid, kThreads, bytes, st>>>((bf16*)o, lse, (const bf16*)q, (const bf16*)k, (const bf16*)v, lq, lk,
-                                              lv, lo, H, T, S, causal, scale * kLog2e);
+    fwd_kernel<D><<<grid, kThreads, bytes, st>>>((bf16*)o, lse, (const bf16*)q, (const bf16*)k, (const bf16*)v, lq,
+                                                 lk, lv, lo, H, T, S, causal, scale * kLog2e);
 }
 
+template <int D>
 void backward(cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout, const void* q, const void* k,
               const void* v, const float* lse, const float* delta, AttnLayout lq, AttnLayout lk, AttnLayout lv,
               AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
-    const int bytes = 7 * 64 * 128 + 4 * BRB * 4 + 1024;  // K, V, Q[2], dO[2], dS^T; lse, delta [2]; alignment
-    check(cudaFuncSetAttribute(bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
+    // K, V, Q[2], dO[2] (64, D) and dS^T (64, 64); lse, delta [2]; alignment
+    const int bytes = (int)Panels<D>::tile_bytes(6 * 64) + 64 * 128 + 4 * BRB * 4 + 1024;
+    check(cudaFuncSetAttribute(bwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+          "attention_backward");
     const unsigned grid = (unsigned)(ceil_div(S, BK) * B * H);
-    bwd_kernel<<<grid, kThreadsB, bytes, st>>>((bf16*)dk, (bf16*)dv, dq_acc, (const bf16*)dout, (const bf16*)q,
-                                               (const bf16*)k, (const bf16*)v, lse, delta, lq, lk, lv, lo, H, T, S,
-                                               causal, scale, scale * kLog2e);
+    bwd_kernel<D><<<grid, kThreadsB, bytes, st>>>((bf16*)dk, (bf16*)dv, dq_acc, (const bf16*)dout, (const bf16*)q,
+                                                  (const bf16*)k, (const bf16*)v, lse, delta, lq, lk, lv, lo, H, T, S,
+                                                  causal, scale, scale * kLog2e);
 }
 
 bool g_forward = true, g_backward = true;  // false turns a direction's Hopper kernel off
 
-bool usable(int device, int D_) {
-    return attention_wgmma_built() && D_ == D && compute_capability(device) == 90;
+bool usable(int device, int D) {
+    return attention_wgmma_built() && (D == 32 || D == 64 || D == 128) && compute_capability(device) == 90;
 }
 
 }  // namespace
@@ -385,7 +448,9 @@ bool attention_forward_wgmma(int device, cudaStream_t st, void* o, float* lse, c
                              int T, int S, int D_, bool causal, float scale) {
     if (!g_forward || !usable(device, D_) || !aligned16(q, lq) || !aligned16(k, lk) || !aligned16(v, lv) || lo.st % 2 != 0)
         return false;
-    forward(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
+    if (D_ == 32) forward<32>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
+    else if (D_ == 64) forward<64>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
+    else forward<128>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
     return true;
 }
 
@@ -396,7 +461,10 @@ bool attention_backward_wgmma(int device, cudaStream_t st, void* dk, void* dv, f
     if (!g_backward || !usable(device, D_) || !aligned16(q, lq) || !aligned16(k, lk) || !aligned16(v, lv) ||
         !aligned16(dout, lo))
         return false;
-    backward(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale);
+    if (D_ == 32) backward<32>(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale);
+    else if (D_ == 64)
+        backward<64>(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale);
+    else backward<128>(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale);
     return true;
 }
 

@@ -1,7 +1,8 @@
-// attention_wgmma.cu: bf16 attention on Hopper's wgmma, head dim 64, forward and backward. attention.cu
-// calls these first for bf16 without dropout; false means "not here" (not built for sm_90a, not a
-// compute capability 9.0 GPU, another head dim, unaligned rows, or turned off), and the caller goes
-// on to attention_mma.cu's kernels.
+// attention_wgmma.cu: bf16 attention on Hopper's wgmma, head dims 32, 64 and 128, forward and
+// backward. attention.cu calls these first for bf16 without dropout; false means "not here" (not
+// built for sm_90a, not a compute capability 9.0 GPU, another head dim, unaligned rows, or turned
+// off), and the caller goes on to attention_mma.cu's kernels (or, where those decline too, the
+// WMMA ones: the backward at head dim 128).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -17,7 +18,8 @@ bool attention_wgmma_built();
 bool attention_wgmma_forward(bool enabled);
 bool attention_wgmma_backward(bool enabled);
 
-// q (B, H, T, 64), k, v (B, H, S, 64) bf16 -> o (bf16), lse (B * H, T) float32, as attention_forward
+// q (B, H, T, D), k, v (B, H, S, D) bf16 (D 32, 64 or 128) -> o (bf16), lse (B * H, T) float32, as
+// attention_forward
 bool attention_forward_wgmma(int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
                              const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
                              int T, int S, int D, bool causal, float scale);

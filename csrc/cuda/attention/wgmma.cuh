@@ -8,7 +8,8 @@
 //
 // Shared-memory tiles here are (rows, 64) bf16 with the 128-byte swizzle: each row is 128 bytes and
 // its 16-byte chunk c is stored at chunk c ^ (row % 8), tiles 1024-byte aligned. The same layout
-// serves as a K-major operand (rows = M or N, 64 = K) and as an N-major one (rows = K, 64 = N).
+// serves as a K-major operand (rows = M or N, 64 = K) and as an N-major one (rows = K, 64 = N); an
+// operand of 32 columns uses the first half of each row (K-major: two k-steps; N-major: n32 shapes).
 #pragma once
 #include <cstdint>
 
@@ -52,8 +53,8 @@ __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
 
 #define FRAG(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 
-// d (64 x 64) = (accumulate ? d : 0) + A (64 x 16) B (16 x 64), both tiles in shared memory: K-major, or
-// M-major (A) / N-major (B) where TransA / TransB is 1
+// d (64 x N) = (accumulate ? d : 0) + A (64 x 16) B (16 x N), N 64 or 32, both tiles in shared memory:
+// K-major, or M-major (A) / N-major (B) where TransA / TransB is 1
 template <int TransA = 0, int TransB = 0>
 __device__ __forceinline__ void mma_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
     asm volatile(
@@ -67,8 +68,18 @@ __device__ __forceinline__ void mma_ss(float (&d)[8][4], uint64_t desc_a, uint64
         : FRAG(d, 0), FRAG(d, 1), FRAG(d, 2), FRAG(d, 3), FRAG(d, 4), FRAG(d, 5), FRAG(d, 6), FRAG(d, 7)
         : "l"(desc_a), "l"(desc_b), "r"((int)accumulate), "n"(TransA), "n"(TransB));
 }
+template <int TransA = 0, int TransB = 0>
+__device__ __forceinline__ void mma_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, p, 1, 1, %19, %20;\n}\n"
+        : FRAG(d, 0), FRAG(d, 1), FRAG(d, 2), FRAG(d, 3)
+        : "l"(desc_a), "l"(desc_b), "r"((int)accumulate), "n"(TransA), "n"(TransB));
+}
 
-// d (64 x 64) += A (64 x 16, registers) B (16 x 64, N-major tile)
+// d (64 x N) += A (64 x 16, registers) B (16 x N, N-major tile), N 64 or 32
 __device__ __forceinline__ void mma_rs_n_major(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
@@ -79,6 +90,21 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[8][4], const uint32_t 
         "{%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
         : FRAG(d, 0), FRAG(d, 1), FRAG(d, 2), FRAG(d, 3), FRAG(d, 4), FRAG(d, 5), FRAG(d, 6), FRAG(d, 7)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+__device__ __forceinline__ void mma_rs_n_major(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, 1, 1, 1, 1;\n"
+        : FRAG(d, 0), FRAG(d, 1), FRAG(d, 2), FRAG(d, 3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+
+// the N / 8 accumulator fragments of columns [first, first + N) of a wider accumulator (the panels of
+// a head dim of 128)
+template <int N, int M>
+__device__ __forceinline__ float (&columns(float (&d)[M][4], int first))[N / 8][4] {
+    return *reinterpret_cast<float(*)[N / 8][4]>(&d[first / 8]);
 }
 
 #undef FRAG

@@ -14,6 +14,14 @@ void bind_copy(py::module_& m) {
     m.def("astype", [](int device, int src, int dst, addr out, addr x, int64_t n) {
         astype(device, src, dst, P(out), P(x), n);
     });
+    m.def("astype_f32_bf16_many", [](int device, const std::vector<addr>& src, const std::vector<addr>& dst,
+                                     const std::vector<int64_t>& n) {
+        std::vector<const float*> s;
+        std::vector<void*> d;
+        for (addr a : src) s.push_back((const float*)P(a));
+        for (addr a : dst) d.push_back(P(a));
+        astype_f32_bf16_many(device, s, d, n);
+    });
     m.def("fill", [](int device, int dtype, addr out, double value, int64_t n) { fill(device, dtype, P(out), value, n); });
     m.def("arange", [](int device, int dtype, addr out, double start, double step, int64_t n) {
         arange(device, dtype, P(out), start, step, n);

@@ -1,5 +1,9 @@
-// dtype conversion: astype between any two dtypes (BOOL outputs normalised to 0/1), and the
-// float32 <-> bf16 casts of autocast, 8 elements per thread, which astype tries first.
+// dtype conversion: astype between any two dtypes (BOOL outputs normalised to 0/1), the float32 <->
+// bf16 casts of autocast, 8 elements per thread, which astype tries first, and the cast of many
+// float32 tensors to bf16 in one launch (a model's weights at the start of its forward).
+#include <algorithm>
+#include <vector>
+
 #include "copy/copy.h"
 #include "runtime/common.cuh"
 #include "runtime/vec.cuh"
@@ -77,7 +81,64 @@ __global__ void bf16_to_f32_kernel(float4* __restrict__ out, const B8* __restric
     }
 }
 
+// Up to kCastMax tensors a launch, passed by value (< 4 KB of kernel parameters): tensor t is
+// groups [first[t], first[t + 1]) of 8 elements of the concatenated index space, n[t] elements.
+constexpr int kCastMax = 64;
+struct CastList {
+    int count;
+    int64_t first[kCastMax + 1];
+    int64_t n[kCastMax];
+    const float* src[kCastMax];
+    __nv_bfloat16* dst[kCastMax];
+};
+
+// dst[t] (n[t],) bf16 = src[t] (n[t],) float32 for every t of the list; a thread takes a group of 8
+// elements: one 16-byte store where the group is whole and both rows 16-byte aligned, else one by one.
+__global__ void f32_to_bf16_many_kernel(CastList list, int64_t groups) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int t = 0;  // the tensor of the previous group: groups only grow along a thread's walk
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < groups; e += stride) {
+        while (e >= list.first[t + 1]) ++t;
+        const int64_t i = (e - list.first[t]) * 8, n = list.n[t];
+        const float* x = list.src[t] + i;
+        __nv_bfloat16* y = list.dst[t] + i;
+        if (i + 8 <= n && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0) {
+            const float4 a = reinterpret_cast<const float4*>(x)[0], b = reinterpret_cast<const float4*>(x)[1];
+            B8 r;
+            r.v[0] = __float2bfloat16(a.x), r.v[1] = __float2bfloat16(a.y), r.v[2] = __float2bfloat16(a.z);
+            r.v[3] = __float2bfloat16(a.w), r.v[4] = __float2bfloat16(b.x), r.v[5] = __float2bfloat16(b.y);
+            r.v[6] = __float2bfloat16(b.z), r.v[7] = __float2bfloat16(b.w);
+            *reinterpret_cast<B8*>(y) = r;
+        } else {
+            for (int64_t k = i; k < i + 8 && k < n; ++k) list.dst[t][k] = __float2bfloat16(list.src[t][k]);
+        }
+    }
+}
+
 }  // namespace
+
+void astype_f32_bf16_many(int device, const std::vector<const float*>& src, const std::vector<void*>& dst,
+                          const std::vector<int64_t>& n) {
+    if (src.size() != dst.size() || src.size() != n.size()) unsupported("astype_many", F32);
+    use_device(device);
+    for (size_t start = 0; start < n.size(); start += kCastMax) {
+        CastList list;
+        list.count = (int)std::min<size_t>(kCastMax, n.size() - start);
+        int64_t groups = 0;
+        for (int t = 0; t < list.count; ++t) {
+            list.first[t] = groups;
+            list.n[t] = n[start + t];
+            list.src[t] = src[start + t];
+            list.dst[t] = (__nv_bfloat16*)dst[start + t];
+            groups += (n[start + t] + 7) / 8;
+        }
+        list.first[list.count] = groups;
+        if (groups == 0) continue;
+        const unsigned grid = blocks_for(groups, kThreads, (int64_t)sm_count(device) * 8);  // one full wave
+        f32_to_bf16_many_kernel<<<grid, kThreads, 0, stream(device)>>>(list, groups);
+    }
+    check_launch("astype_many");
+}
 
 void astype(int device, int src, int dst, void* out, const void* x, int64_t n) {
     if (n == 0) return;

@@ -4,6 +4,7 @@
 // device index; work is queued on the device's one stream and never waited for.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "runtime/types.h"
 
@@ -16,6 +17,9 @@ void strided_copy(int device, int elsize, void* dst, const void* src, const Stri
 void astype(int device, int src_dtype, int dst_dtype, void* out, const void* x, int64_t n);
 // float32 <-> bf16 cast, 8 per thread; false (nothing launched) unless n % 8 == 0 and 16-byte aligned
 bool cast_bf16_vec(int device, int src, int dst, void* out, const void* x, int64_t n);
+// dst[t] (n[t],) bf16 = src[t] (n[t],) float32 for every t, in one launch per 64 tensors
+void astype_f32_bf16_many(int device, const std::vector<const float*>& src, const std::vector<void*>& dst,
+                          const std::vector<int64_t>& n);
 
 // fill.cu
 void fill(int device, int dtype, void* out, double value, int64_t n);

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from .attention import (attention, attention_backward, attention_dropout_mask, attention_qkv,
                         attention_qkv_backward)
-from .creation import Array, arange, astype, contiguous, copy_, dropout_mask, dtype_of, from_numpy, full, to_numpy
+from .creation import (Array, arange, astype, astype_many, contiguous, copy_, dropout_mask, dtype_of, from_numpy, full,
+                       to_numpy)
 from .dlpack import from_dlpack, to_dlpack
 from .elementwise import binary, gelu_backward, relu_backward, scale, unary, where
 from .malloc import keep_freed_arrays_in_the_heap

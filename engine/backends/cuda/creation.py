@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ...dtypes import DType
+from ...dtypes import DType, bfloat16, float32
 from ...dtypes import from_numpy as engine_dtype
 from ..._native import native
 from .arrays import _CODE, _HOST_NUMPY, _NUMPY_TO_DTYPE, CudaArray, _device, _empty, _same_device
@@ -61,6 +61,20 @@ def astype(x: CudaArray, dtype: DType) -> CudaArray:
     out = _empty(x.shape, dtype, x.device)
     native.astype(x.device, _CODE[x.dtype], _CODE[dtype], out.ptr, x.ptr, x.size)
     return out
+
+
+def astype_many(xs: list, dtype: DType) -> list:
+    """[astype(x, dtype) for x in xs], the float32 -> bf16 casts of one device in one launch (per 64
+    arrays): a model's weights under autocast, one kernel instead of one per weight."""
+    outs = [x if x.dtype is dtype else _empty(x.shape, dtype, x.device) for x in xs]
+    todo = [(x, o) for x, o in zip(xs, outs) if x is not o]
+    devices = {x.device for x, _ in todo}
+    if dtype is not bfloat16 or len(devices) > 1 or any(x.dtype is not float32 for x, _ in todo):
+        return [astype(x, dtype) for x in xs]
+    if todo:
+        native.astype_f32_bf16_many(todo[0][0].device, [x.ptr for x, _ in todo], [o.ptr for _, o in todo],
+                                    [x.size for x, _ in todo])
+    return outs
 
 
 def copy_(dst: CudaArray, src: CudaArray) -> None:
