@@ -382,6 +382,40 @@ def test_adamw_many_tensors():
         close(a, b, atol=1e-7, rtol=1e-5)
 
 
+def test_adamw_tensors_across_chunks_and_unaligned():
+    """A launch's blocks take 16384 elements of the concatenated tensors each and walk them tensor by
+    tensor (float4 where a piece's rows are 16-byte aligned): sizes that split across blocks at odd
+    offsets, empty and one-element tensors, and views that start 4 bytes into a buffer, on the host-lr
+    and the device-lr kernels, against the CPU reference."""
+    sizes = [16384 * 2 + 5, 3, 0, 40001, 1, 16383, 70000, 7]
+    buffers = [randn(n + 1) for n in sizes]
+    ps = [b[1:] for b in buffers]  # the CPU side of the views
+    ms = [np.zeros(n, np.float32) for n in sizes]
+    vs = [np.zeros(n, np.float32) for n in sizes]
+    parents = [G(b) for b in buffers]
+    gp = [gpu.getitem(x, (slice(1, None),)) for x in parents]  # views 4 bytes into their buffers
+    gm, gv = [G(m) for m in ms], [G(v) for v in vs]
+    lr, step = G(np.array([1e-2], np.float32)), G(np.array([0.0], np.float32))
+    for k in range(1, 4):
+        grads = [randn(n) for n in sizes]
+        kw = dict(lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, step=k)
+        cpu.adamw_(ps, grads, ms, vs, **kw)
+        if k % 2:
+            gpu.adamw_(gp, [G(g) for g in grads], gm, gv, **kw)
+        else:
+            gpu.copy_from_numpy_(step, np.array([float(k)], np.float32))
+            gpu.adamw_device_(gp, [G(g) for g in grads], gm, gv, lr.ptr, step.ptr, beta1=0.9, beta2=0.95, eps=1e-8,
+                              weight_decay=0.1)
+    for a, b in zip(gp, ps):
+        close(a, b, atol=1e-6, rtol=1e-5)
+    for a, b in zip(gm, ms):
+        close(a, b, atol=1e-7, rtol=1e-5)
+    for a, b in zip(gv, vs):
+        close(a, b, atol=1e-7, rtol=1e-5)
+    for b, parent in zip(buffers, parents):  # the element before each view is untouched
+        assert H(parent)[0] == b[0]
+
+
 @pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.9, False, 0.01), (0.9, True, 0.0)])
 def test_sgd_many_tensors(momentum, nesterov, wd):
     shapes = _param_set()
@@ -396,6 +430,30 @@ def test_sgd_many_tensors(momentum, nesterov, wd):
         gpu.sgd_(gp, [G(g) for g in grads], gb, **kw)
     for a, b in zip(gp, ps):
         close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_sgd_norm_and_scale_across_chunks():
+    """SGD, the sum of squares and the scale walk their blocks' elements tensor by tensor too: sizes that
+    split across blocks at odd offsets, an empty tensor, views 4 bytes into their buffers."""
+    sizes = [8192 * 2 + 5, 3, 0, 40001, 1, 16383, 7]
+    buffers = [randn(n + 1) for n in sizes]
+    ps = [b[1:] for b in buffers]
+    bufs = [np.zeros(n, np.float32) for n in sizes]
+    gp = [gpu.getitem(G(b), (slice(1, None),)) for b in buffers]
+    gb = [G(b) for b in bufs]
+    for step in range(3):
+        grads = [randn(n) for n in sizes]
+        kw = dict(lr=0.1, momentum=0.9, dampening=0.0, nesterov=True, weight_decay=0.01, first_step=step == 0)
+        cpu.sgd_(ps, grads, bufs, **kw)
+        gpu.sgd_(gp, [G(g) for g in grads], gb, **kw)
+    for a, b in zip(gp, ps):
+        close(a, b, atol=1e-6, rtol=1e-5)
+    close(gpu.sum_of_squares(gp), cpu.sum_of_squares(ps), atol=1e-2, rtol=1e-5)
+    f = np.array(0.37, dtype=np.float32)
+    cpu.scale_(ps, f)
+    gpu.scale_(gp, G(f))
+    for a, b in zip(gp, ps):
+        close(a, b)
 
 
 def test_sum_of_squares_and_scale():

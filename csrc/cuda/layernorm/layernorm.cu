@@ -215,7 +215,7 @@ __global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict_
 // one row in the same registers (the blocks' case), two rows of two loads 6-11% slower, so without
 // dres a warp keeps one row in flight.
 // The weights of chunk `ch` (W columns; 1 without weights, 0 past the row), from L1 where they stay:
-// re-read for each row rather than held in registers for the whole kernel.
+// re-read for each group of R rows rather than held in registers for the whole kernel.
 template <int W>
 __device__ __forceinline__ void load_weights(float (&wc)[W], const float* __restrict__ w, int ch, int NC) {
     if (ch < NC && w) {
@@ -262,15 +262,18 @@ __global__ void __launch_bounds__(128, CH <= 2 ? 4 : CH == 3 ? 3 : 2) layernorm_
                 if constexpr (RES) rp[j][i] = in ? reinterpret_cast<const uint4*>(dres + row * C)[ch] : zero;
             }
         }
+        // chunk by chunk, each chunk's weights read once for the R rows
 #pragma unroll
-        for (int j = 0; j < R; ++j) {
-            sum_g[j] = sum_gx[j] = 0.f;
+        for (int j = 0; j < R; ++j) sum_g[j] = sum_gx[j] = 0.f;
 #pragma unroll
-            for (int i = 0; i < CH; ++i) {
-                float gv[W], xh[W], wc[W];
+        for (int i = 0; i < CH; ++i) {
+            float wc[W];
+            load_weights(wc, w, lane + 32 * i, NC);
+#pragma unroll
+            for (int j = 0; j < R; ++j) {
+                float gv[W], xh[W];
                 unpack(gv, gp[j][i]);
                 unpack(xh, xp[j][i]);
-                load_weights(wc, w, lane + 32 * i, NC);
 #pragma unroll
                 for (int k = 0; k < W; ++k) {
                     xh[k] = (xh[k] - m[j]) * r[j];
@@ -286,18 +289,18 @@ __global__ void __launch_bounds__(128, CH <= 2 ? 4 : CH == 3 ? 3 : 2) layernorm_
             sum_gx[j] = warp_sum(sum_gx[j]) / C;
         }
 #pragma unroll
-        for (int j = 0; j < R; ++j) {
-            const int64_t row = first + j * stride;
-            if (row >= N) break;
-            uint4* d = reinterpret_cast<uint4*>(dx + row * C);
+        for (int i = 0; i < CH; ++i) {
+            const int ch = lane + 32 * i;
+            float wc[W];
+            load_weights(wc, w, ch, NC);
 #pragma unroll
-            for (int i = 0; i < CH; ++i) {
-                const int ch = lane + 32 * i;
-                float gv[W], xh[W], o[W], rv[W], wc[W];
+            for (int j = 0; j < R; ++j) {
+                const int64_t row = first + j * stride;
+                if (row >= N) break;
+                float gv[W], xh[W], o[W], rv[W];
                 unpack(gv, gp[j][i]);
                 unpack(xh, xp[j][i]);
                 if constexpr (RES) unpack(rv, rp[j][i]);
-                load_weights(wc, w, ch, NC);
 #pragma unroll
                 for (int k = 0; k < W; ++k) {
                     xh[k] = (xh[k] - m[j]) * r[j];
@@ -306,7 +309,7 @@ __global__ void __launch_bounds__(128, CH <= 2 ? 4 : CH == 3 ? 3 : 2) layernorm_
                     acc_dw[i][k] += gv[k] * xh[k];
                     acc_db[i][k] += gv[k];
                 }
-                if (ch < NC) d[ch] = pack(o);
+                if (ch < NC) reinterpret_cast<uint4*>(dx + row * C)[ch] = pack(o);
             }
         }
     }

@@ -9,28 +9,47 @@ namespace {
 
 constexpr int64_t kChunk = 16384;
 
-// p, g, m, v: lists of float32 tensors; decoupled weight decay, bias-corrected moments (AdamW)
+// One element of AdamW: decoupled weight decay, bias-corrected moments (the CPU reference's arithmetic)
+struct AdamWStep {
+    float beta1, beta2, eps, step_size, decay, inv_bc2;
+    __device__ __forceinline__ void operator()(float& p, float g, float& m, float& v) const {
+        const float pi = p * decay;
+        m = beta1 * m + (1.0f - beta1) * g;
+        v = beta2 * v + (1.0f - beta2) * g * g;
+        p = pi - step_size * (m / (sqrtf(v * inv_bc2) + eps));
+    }
+};
+
+// p, g, m, v: lists of float32 tensors. A block takes kChunk elements of the concatenated space, a
+// tensor at a time (for_each_piece); a piece whose four rows are 16-byte aligned moves float4s.
 __device__ __forceinline__ void adamw_body(const MultiTensor<4>& mt, int64_t total, float lr, float beta1, float beta2,
                                            float eps, float weight_decay, float bc1, float bc2) {
-    int64_t lo = (int64_t)blockIdx.x * kChunk, hi = min(total, lo + kChunk);
-    int t = 0;
-    float step_size = lr / bc1;
-    float decay = 1.0f - lr * weight_decay;
-    float inv_bc2 = 1.0f / bc2;
-    for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
-        t = tensor_of(mt, e, t);
-        int64_t i = e - mt.offs[t];
-        float* p = mt.ptr[0][t];
-        float g = mt.ptr[1][t][i];
-        float* m = mt.ptr[2][t];
-        float* v = mt.ptr[3][t];
-        float pi = p[i] * decay;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi - step_size * (mi / (sqrtf(vi * inv_bc2) + eps));
-    }
+    const int64_t lo = (int64_t)blockIdx.x * kChunk, hi = min(total, lo + kChunk);
+    const AdamWStep step{beta1, beta2, eps, lr / bc1, 1.0f - lr * weight_decay, 1.0f / bc2};
+    for_each_piece(mt, lo, hi, [&](int t, int64_t first, int64_t n) {
+        float* __restrict__ p = mt.ptr[0][t] + first;
+        const float* __restrict__ g = mt.ptr[1][t] + first;
+        float* __restrict__ m = mt.ptr[2][t] + first;
+        float* __restrict__ v = mt.ptr[3][t] + first;
+        int64_t done = 0;
+        if (((reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(g) | reinterpret_cast<uintptr_t>(m) |
+              reinterpret_cast<uintptr_t>(v)) & 15) == 0) {
+            done = n / 4 * 4;
+            for (int64_t k = threadIdx.x; k < n / 4; k += blockDim.x) {
+                float4 pk = reinterpret_cast<float4*>(p)[k], mk = reinterpret_cast<float4*>(m)[k];
+                float4 vk = reinterpret_cast<float4*>(v)[k];
+                const float4 gk = reinterpret_cast<const float4*>(g)[k];
+                step(pk.x, gk.x, mk.x, vk.x);
+                step(pk.y, gk.y, mk.y, vk.y);
+                step(pk.z, gk.z, mk.z, vk.z);
+                step(pk.w, gk.w, mk.w, vk.w);
+                reinterpret_cast<float4*>(p)[k] = pk;
+                reinterpret_cast<float4*>(m)[k] = mk;
+                reinterpret_cast<float4*>(v)[k] = vk;
+            }
+        }
+        for (int64_t i = done + threadIdx.x; i < n; i += blockDim.x) step(p[i], g[i], m[i], v[i]);
+    });
 }
 
 __global__ void adamw_kernel(MultiTensor<4> mt, int64_t total, float lr, float beta1, float beta2, float eps,
@@ -52,23 +71,22 @@ __global__ void adamw_dev_kernel(MultiTensor<4> mt, int64_t total, const float* 
 // PyTorch SGD: g += wd p; buf = first ? g : momentum buf + (1 - dampening) g; g = nesterov ? g + momentum buf : buf
 __device__ __forceinline__ void sgd_body(const MultiTensor<3>& mt, int64_t total, float lr, float momentum,
                                          float dampening, bool nesterov, float weight_decay, bool first_step) {
-    int64_t lo = (int64_t)blockIdx.x * kChunk, hi = min(total, lo + kChunk);
-    int t = 0;
-    for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
-        t = tensor_of(mt, e, t);
-        int64_t i = e - mt.offs[t];
-        float* p = mt.ptr[0][t];
-        float g = mt.ptr[1][t][i];
-        float* buf = mt.ptr[2][t];
-        float pi = p[i];
-        if (weight_decay != 0.f) g += weight_decay * pi;
-        if (momentum != 0.f) {
-            float b = first_step ? g : momentum * buf[i] + (1.0f - dampening) * g;
-            buf[i] = b;
-            g = nesterov ? g + momentum * b : b;
+    const int64_t lo = (int64_t)blockIdx.x * kChunk, hi = min(total, lo + kChunk);
+    for_each_piece(mt, lo, hi, [&](int t, int64_t first, int64_t n) {
+        float* p = mt.ptr[0][t] + first;
+        const float* gr = mt.ptr[1][t] + first;
+        float* buf = mt.ptr[2][t] + first;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+            float g = gr[i], pi = p[i];
+            if (weight_decay != 0.f) g += weight_decay * pi;
+            if (momentum != 0.f) {
+                float b = first_step ? g : momentum * buf[i] + (1.0f - dampening) * g;
+                buf[i] = b;
+                g = nesterov ? g + momentum * b : b;
+            }
+            p[i] = pi - lr * g;
         }
-        p[i] = pi - lr * g;
-    }
+    });
 }
 
 __global__ void sgd_kernel(MultiTensor<3> mt, int64_t total, float lr, float momentum, float dampening, bool nesterov,

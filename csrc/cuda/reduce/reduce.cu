@@ -202,13 +202,11 @@ constexpr int64_t kChunk = 8192;
 __global__ void sumsq_kernel(float* __restrict__ partial, MultiTensor<1> mt, int64_t total) {
     __shared__ float shared[32];
     float acc = 0.f;
-    int64_t lo = (int64_t)blockIdx.x * kChunk, hi = min(total, lo + kChunk);
-    int t = 0;
-    for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
-        t = tensor_of(mt, e, t);
-        float v = mt.ptr[0][t][e - mt.offs[t]];
-        acc += v * v;
-    }
+    const int64_t lo = (int64_t)blockIdx.x * kChunk, hi = min(total, lo + kChunk);
+    for_each_piece(mt, lo, hi, [&](int t, int64_t first, int64_t n) {
+        const float* x = mt.ptr[0][t] + first;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i] * x[i];
+    });
     acc = block_sum(acc, shared);
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
@@ -225,12 +223,11 @@ __global__ void sum_partials_kernel(float* __restrict__ out, const float* __rest
 // every element *= factor[0] (a device scalar: no host sync to read it)
 __global__ void scale_kernel(MultiTensor<1> mt, int64_t total, const float* __restrict__ factor) {
     float f = *factor;
-    int64_t lo = (int64_t)blockIdx.x * kChunk, hi = min(total, lo + kChunk);
-    int t = 0;
-    for (int64_t e = lo + threadIdx.x; e < hi; e += blockDim.x) {
-        t = tensor_of(mt, e, t);
-        mt.ptr[0][t][e - mt.offs[t]] *= f;
-    }
+    const int64_t lo = (int64_t)blockIdx.x * kChunk, hi = min(total, lo + kChunk);
+    for_each_piece(mt, lo, hi, [&](int t, int64_t first, int64_t n) {
+        float* x = mt.ptr[0][t] + first;
+        for (int64_t i = threadIdx.x; i < n; i += blockDim.x) x[i] *= f;
+    });
 }
 
 }  // namespace

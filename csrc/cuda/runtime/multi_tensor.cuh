@@ -23,6 +23,21 @@ __device__ __forceinline__ int tensor_of(const MultiTensor<NPTR>& mt, int64_t e,
     return t;
 }
 
+// fn(t, first, n) for each piece of a block's elements [lo, hi) of the concatenated space: tensor t's
+// elements [first, first + n), a tensor at a time. A kernel then reads a tensor's pointers once per
+// piece; looked up per element, they come from the kernel parameters through the MIO queue, which
+// throttled AdamW to half the memory bandwidth.
+template <int NPTR, typename Fn>
+__device__ __forceinline__ void for_each_piece(const MultiTensor<NPTR>& mt, int64_t lo, int64_t hi, Fn fn) {
+    int t = tensor_of(mt, lo, 0);
+    for (int64_t at = lo; at < hi;) {
+        while (at >= mt.offs[t + 1]) ++t;  // past empty tensors
+        const int64_t end = min(hi, mt.offs[t + 1]);
+        fn(t, at - mt.offs[t], end - at);
+        at = end;
+    }
+}
+
 // calls fn(mt, total) for each chunk of at most kMultiTensorMax tensors
 template <int NPTR, typename Fn>
 void for_each_chunk(const std::vector<const std::vector<float*>*>& lists, const std::vector<int64_t>& ns, Fn fn) {
