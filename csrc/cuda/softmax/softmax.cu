@@ -2,6 +2,8 @@
 // its backward: the forward keeps only each row's logsumexp, the backward rebuilds softmax - onehot.
 // The fused classifier (F.linear_cross_entropy) has one kernel for both: the loss, and the gradient
 // written over the logits; and a scale by a device scalar for its backward.
+#include <type_traits>
+
 #include "runtime/common.cuh"
 #include "softmax/softmax.h"
 
@@ -81,7 +83,18 @@ __device__ __forceinline__ float ldf(const __nv_bfloat16* p, int64_t i) { return
 // The two passes over one row of logits x (V,) that the cross-entropy kernels share, float32 or bf16.
 // VEC: V % kVec == 0 and the row 16-byte aligned, so each thread reads (and writes) 16 bytes at a time.
 
-// this thread's share of the row's (max, sum of exp(x - max)); merge across the block afterwards
+// 2^x on the SFU (ex2.approx.ftz, 2 ulp): e^x as ex2(x log2 e), the subtraction folded into one FFMA
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+constexpr float kLog2e = 1.4426950408889634f;
+
+// this thread's share of the row's (max, sum of exp(x - max)); merge across the block afterwards.
+// The vector path keeps one running max: a chunk above it rescales the sum once (one exp), where a
+// merge of each chunk's own pair cost two more exps and the branches around them (the kernel over
+// gpt2_124m's logits was bound by those instructions, not by memory).
 template <typename T, bool VEC>
 __device__ __forceinline__ MaxSum row_max_sum(const T* xr, int64_t V) {
     MaxSum ms{-INFINITY, 0.f};
@@ -94,11 +107,14 @@ __device__ __forceinline__ MaxSum row_max_sum(const T* xr, int64_t V) {
             float m = f[0];
 #pragma unroll
             for (int i = 1; i < W; ++i) m = fmaxf(m, f[i]);
-            if (m == -INFINITY) continue;
-            float sum = 0.f;
+            if (m > ms.m) {
+                ms.s = ms.m == -INFINITY ? 0.f : ms.s * ex2((ms.m - m) * kLog2e);
+                ms.m = m;
+            }
+            if (ms.m == -INFINITY) continue;  // every entry so far masked
+            const float m2 = ms.m * kLog2e;
 #pragma unroll
-            for (int i = 0; i < W; ++i) sum += __expf(f[i] - m);
-            ms = merge(ms, MaxSum{m, sum});
+            for (int i = 0; i < W; ++i) ms.s += ex2(fmaf(f[i], kLog2e, -m2));
         }
     } else {
         for (int64_t j = threadIdx.x; j < V; j += blockDim.x) ms = add_value(ms, ldf(xr, j));
@@ -117,14 +133,19 @@ __device__ __forceinline__ bool write_softmax_minus_onehot(T* d, const T* xr, in
         constexpr int W = kVec<T>;
         const uint4* xv = reinterpret_cast<const uint4*>(xr);
         uint4* dv = reinterpret_cast<uint4*>(d);
+        const float lse2 = lse * kLog2e;
         for (int64_t c = threadIdx.x; c < V / W; c += blockDim.x) {
             float f[W];
             unpack(f, xv[c]);
+            const int64_t in_chunk = t - c * W;  // the target's place in this chunk, if it is in it
+            const int ti = in_chunk >= 0 && in_chunk < W ? (int)in_chunk : -1;
 #pragma unroll
             for (int i = 0; i < W; ++i) {
-                bool hit = c * W + i == t;
+                const bool hit = i == ti;
                 if (hit) x_target = f[i], saw_target = true;
-                f[i] = (expf(f[i] - lse) - (hit ? 1.f : 0.f)) * scale;
+                // bf16 out: the SFU's exp (2 ulp of float32) is far inside the output's rounding
+                const float e = std::is_same_v<T, float> ? expf(f[i] - lse) : ex2(fmaf(f[i], kLog2e, -lse2));
+                f[i] = (e - (hit ? 1.f : 0.f)) * scale;
             }
             dv[c] = pack(f);
         }
