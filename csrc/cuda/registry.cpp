@@ -35,6 +35,7 @@ void bind_softmax(py::module_& m);
 void bind_layernorm(py::module_& m);
 void bind_attention(py::module_& m);
 void bind_matmul(py::module_& m);
+void bind_fp8(py::module_& m);
 void bind_embedding(py::module_& m);
 void bind_optimizer(py::module_& m);
 void bind_random(py::module_& m);
@@ -53,6 +54,7 @@ void bind_cuda(py::module_& m) {
     bind_layernorm(m);
     bind_attention(m);
     bind_matmul(m);
+    bind_fp8(m);
     bind_embedding(m);
     bind_optimizer(m);
     bind_random(m);

@@ -33,10 +33,12 @@ def _autocast_operands(x: Tensor, weight: Tensor, bias: Tensor | None = None):
     return x, weight, bias, dt
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None,
+           fp8=None) -> Tensor:
     """x (..., in) @ weight (out, in)^T + bias (out,) -> (..., out), then `activation`: None or "gelu"
     (tanh GELU, the same as gelu(linear(x, weight, bias)) in one op; on the GPU bias and GELU are
-    folded into the matmul)."""
+    folded into the matmul). fp8: the layer's engine.fp8.Fp8State, which runs the forward and input
+    gradient GEMMs in FP8 under bf16 autocast with float32 weights (engine.fp8); ignored otherwise."""
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: input has {x.shape[-1]} features (shape {x.shape}), "
                          f"but the weight expects {weight.shape[-1]} (weight shape {weight.shape})")
@@ -44,7 +46,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
         raise ValueError(f"linear: activation must be None or 'gelu', got {activation!r}")
     x, weight, bias, dt = _autocast_operands(x, weight, bias)
     args = (x, weight) if bias is None else (x, weight, bias)
-    return _Linear.apply(*args, activation=activation, compute_dtype=dt)
+    return _Linear.apply(*args, activation=activation, compute_dtype=dt,
+                         fp8=fp8 if dt is dtypes.bfloat16 else None)
 
 
 def relu(x: Tensor) -> Tensor:

@@ -10,7 +10,8 @@ from .module import Module, Parameter
 
 
 class Linear(Module):
-    """y = x W^T + b.  x (..., in_features) -> (..., out_features)."""
+    """y = x W^T + b.  x (..., in_features) -> (..., out_features). fp8: None, or the layer's FP8 scaling
+    (engine.fp8.enable(model) sets it; not a parameter, not saved)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None):
         super().__init__()
@@ -20,9 +21,10 @@ class Linear(Module):
         self.bias = Parameter(zeros(out_features, device=device)) if bias else None
         if bias:
             init.uniform_(self.bias, -(in_features ** -0.5), in_features ** -0.5)
+        self.fp8 = None
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias, fp8=self.fp8)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -80,7 +80,7 @@ class MLP(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         fc = self.c_fc  # c_fc and GELU as one op: on the GPU in bf16 the GELU runs in the matmul's epilogue
-        return self.dropout(self.c_proj(F.linear(x, fc.weight, fc.bias, activation="gelu")))
+        return self.dropout(self.c_proj(F.linear(x, fc.weight, fc.bias, activation="gelu", fp8=fc.fp8)))
 
 
 class TransformerBlock(Module):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..autocast import weight_cast
+from ..dtypes import bfloat16
 from ..autograd import Function
 from .elementwise import unbroadcast
 
@@ -30,9 +31,12 @@ class Linear(Function):
     compute_dtype (autocast's bf16, or None): x is of it already, w and b are float32 master weights.
     The GEMM runs on w cast once to compute_dtype (the copy kept for the backward's dx) and on b cast
     too (O values: cuBLASLt's bias epilogue takes no float32 bias beside a bf16 output); the backward
-    writes dw and db in w's dtype directly, so no cast of their gradients runs."""
+    writes dw and db in w's dtype directly, so no cast of their gradients runs.
 
-    def forward(self, x, w, b=None, activation=None, compute_dtype=None):
+    fp8 (an engine.fp8.Fp8State, under bf16 compute only): the forward and dx GEMMs in FP8 (x and w cast
+    to E4M3, the gradient to E5M2, each scaled by its meta), dw in bf16 as without it."""
+
+    def forward(self, x, w, b=None, activation=None, compute_dtype=None, fp8=None):
         be = self.be
         self.x_shape = tuple(x.shape)
         self.x2 = be.reshape(x, (-1, x.shape[-1]))  # (N, I)
@@ -42,16 +46,35 @@ class Linear(Function):
             # (O, I) in compute_dtype, for the forward and dx: the model's one cast of its weights, or now
             w = weight_cast(be, w, compute_dtype)
             b = weight_cast(be, b, compute_dtype) if b is not None else None
-        self.w, self.activation = w, activation
-        out, self.pre = be.linear(self.x2, w, b, activation)  # (N, O), pre-activation (N, O) or None
+        self.w, self.activation, self.fp8 = w, activation, None
+        res = self._forward_fp8(fp8, b) if fp8 is not None and be.dtype_of(self.x2) is bfloat16 else None
+        # (N, O), pre-activation (N, O) or None
+        out, self.pre = res if res is not None else be.linear(self.x2, w, b, activation)
         return be.reshape(out, self.x_shape[:-1] + (w.shape[0],))
+
+    def _forward_fp8(self, state, b):
+        """(out, pre) through the FP8 GEMM, keeping the E4M3 transposed weight for dx; None where the
+        backend has no FP8 GEMM for it."""
+        be = self.be
+        x_meta, x_current = state.meta(be, "x", self.x2)
+        w_meta, w_current = state.meta(be, "w", self.w)
+        x8, _, x_inv = be.fp8_cast(self.x2, "e4m3", x_meta, x_current)  # (N, I)
+        w8, w_t, w_inv = be.fp8_cast(self.w, "e4m3", w_meta, w_current, transpose=True)  # (O, I), (I, O)
+        res = be.matmul_fp8(x8, "e4m3", x_inv, w8, "e4m3", w_inv, b, self.activation, fast_accum=True)
+        if res is not None:
+            self.fp8 = (state, w_t, w_inv)
+        return res
 
     def backward(self, g):
         be = self.be
         g2 = be.reshape(g, (-1, g.shape[-1]))  # (N, O)
         need = tuple(self.needs_input_grad) + (False,) * (3 - len(self.needs_input_grad))
+        fp8 = None
+        if self.fp8 is not None and need[0]:
+            state, w_t, w_inv = self.fp8
+            fp8 = (w_t, w_inv) + state.meta(be, "grad", g2)
         gx, gw, gb = be.linear_backward(g2, self.x2, self.w, self.pre, self.activation, need,
-                                        param_dtype=self.param_dtype)
+                                        param_dtype=self.param_dtype, fp8=fp8)
         if gx is not None:
             gx = be.reshape(gx, self.x_shape)
         return (gx, gw, gb)[: len(self.parents)]

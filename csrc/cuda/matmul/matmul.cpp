@@ -34,8 +34,12 @@ void check_lt(cublasStatus_t s, const char* what) {
                         " (" + cublasLtGetStatusString(s) + ")");
 }
 
+// the operand types of FP8 GEMMs in a Key (after the DType codes, which name no FP8 type)
+constexpr int kE4M3 = 100, kE5M2 = 101;
+
 struct Key {
     int dtype, out_dtype, tf32, ta, tb, align_a, align_b, align_c, epilogue;
+    int dtype_b, fast_accum;  // FP8: b's type (a's is dtype) and cuBLASLt's fast accumulation; 0 otherwise
     int64_t batch, M, N, K, sa, sb, sc;
     bool operator==(const Key& o) const { return std::memcmp(this, &o, sizeof(Key)) == 0; }
 };
@@ -98,13 +102,24 @@ void set_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
              "layout");
 }
 
-cudaDataType_t lt_type(int dtype) { return dtype == F64 ? CUDA_R_64F : dtype == BF16 ? CUDA_R_16BF : CUDA_R_32F; }
+cudaDataType_t lt_type(int dtype) {
+    switch (dtype) {
+        case F64: return CUDA_R_64F;
+        case BF16: return CUDA_R_16BF;
+        case kE4M3: return CUDA_R_8F_E4M3;
+        case kE5M2: return CUDA_R_8F_E5M2;
+        default: return CUDA_R_32F;
+    }
+}
+bool is_fp8(int dtype) { return dtype == kE4M3 || dtype == kE5M2; }
 
 Plan make_plan(DeviceLt& d, const Key& k) {
     Plan p;
     bool f64 = k.dtype == F64;
     // bf16: bf16 operands, float32 accumulation and scaling, a bf16 or float32 result
-    cudaDataType_t dt = lt_type(k.dtype), out_t = lt_type(k.out_dtype);
+    // FP8: a and b of their own FP8 types (dtype, dtype_b), float32 accumulation, a bf16 result
+    const bool fp8 = is_fp8(k.dtype);
+    cudaDataType_t dt = lt_type(k.dtype), dt_b = fp8 ? lt_type(k.dtype_b) : dt, out_t = lt_type(k.out_dtype);
     cudaDataType_t scale_t = f64 ? CUDA_R_64F : CUDA_R_32F;
     cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F : (k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
     check_lt(cublasLtMatmulDescCreate(&p.op, ct, scale_t), "matmul desc");
@@ -113,6 +128,10 @@ Plan make_plan(DeviceLt& d, const Key& k) {
     cublasOperation_t opB = k.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof(opA)), "matmul desc");
     check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opB, sizeof(opB)), "matmul desc");
+    if (fp8) {
+        int8_t fast = (int8_t)k.fast_accum;
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)), "fp8");
+    }
     if (k.epilogue != EPI_NONE) {
         cublasLtEpilogue_t epi = lt_epilogue(k.epilogue);
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)), "epilogue");
@@ -123,11 +142,15 @@ Plan make_plan(DeviceLt& d, const Key& k) {
             int64_t aux_ld = k.N;  // aux is (M, N) row-major like c
             check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
                      "epilogue");
+            if (fp8)  // the pre-activation in the output's type (bf16), not FP8
+                check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &out_t,
+                                                        sizeof(out_t)),
+                         "epilogue");
         }
     }
     // our b: (K, N) row-major = (N, K) col-major, ld N; transposed: (N, K) row-major = (K, N) col-major, ld K
-    if (!k.tb) check_lt(cublasLtMatrixLayoutCreate(&p.la, dt, k.N, k.K, k.N), "layout");
-    else check_lt(cublasLtMatrixLayoutCreate(&p.la, dt, k.K, k.N, k.K), "layout");
+    if (!k.tb) check_lt(cublasLtMatrixLayoutCreate(&p.la, dt_b, k.N, k.K, k.N), "layout");
+    else check_lt(cublasLtMatrixLayoutCreate(&p.la, dt_b, k.K, k.N, k.K), "layout");
     // our a: (M, K) row-major = (K, M) col-major, ld K; transposed: (K, M) row-major = (M, K) col-major, ld M
     if (!k.ta) check_lt(cublasLtMatrixLayoutCreate(&p.lb, dt, k.K, k.M, k.K), "layout");
     else check_lt(cublasLtMatrixLayoutCreate(&p.lb, dt, k.M, k.K, k.M), "layout");
@@ -151,7 +174,7 @@ Plan make_plan(DeviceLt& d, const Key& k) {
     int found = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(d.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (k.epilogue != EPI_NONE && (s != CUBLAS_STATUS_SUCCESS || found == 0)) return p;  // not found: unfused
+    if ((fp8 || k.epilogue != EPI_NONE) && (s != CUBLAS_STATUS_SUCCESS || found == 0)) return p;  // the caller's fallback
     check_lt(s, "heuristic");
     if (found == 0)
         throw CudaError("engine op 'matmul': cuBLASLt found no algorithm for M=" + std::to_string(k.M) +
@@ -171,9 +194,11 @@ namespace {
 // the cached plan for one call (creating it on first use); the caller holds g_mutex
 const Plan& plan_for(DeviceLt& d, int dtype, int out_dtype, int epilogue, void* c, const void* a, const void* b,
                      int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
-                     int64_t stride_b, int64_t stride_c) {
+                     int64_t stride_b, int64_t stride_c, int dtype_b = 0, bool fast_accum = false) {
     Key k;
     std::memset(&k, 0, sizeof(k));
+    k.dtype_b = dtype_b;
+    k.fast_accum = fast_accum;
     k.dtype = dtype;
     k.out_dtype = out_dtype;
     k.tf32 = dtype == F32 && g_allow_tf32;
@@ -254,6 +279,43 @@ bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
                  "epilogue");
     run_plan(d, p, device, dtype, c, a, b);
+    return true;
+}
+
+bool matmul_fp8(int device, int epilogue, void* c, const void* a, const void* b, int a_format, int b_format,
+                const float* a_inv_scale, const float* b_inv_scale, int64_t M, int64_t N, int64_t K, void* bias,
+                void* aux, bool fast_accum) {
+    auto code = [](int format) {
+        if (format != 0 && format != 1)
+            throw std::invalid_argument("engine op 'matmul_fp8': format must be 0 (E4M3) or 1 (E5M2)");
+        return format == 0 ? kE4M3 : kE5M2;
+    };
+    const int ta = code(a_format), tb = code(b_format);
+    if (ta == kE5M2 && tb == kE5M2) return false;  // Hopper has no E5M2 x E5M2 GEMM
+    if (epilogue < EPI_NONE || epilogue > EPI_GELU || epilogue == EPI_BGRAD)
+        throw std::invalid_argument("engine op 'matmul_fp8': epilogue must be none, bias, gelu_bias or gelu");
+    if (M == 0 || N == 0 || K == 0) return false;
+    if ((epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU) && (aux == nullptr || N % 8 != 0)) return false;
+    use_device(device);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    DeviceLt& d = lt(device);
+    // both operands K-major (Hopper's FP8 GEMM takes no other layout): a (M, K), b (N, K) transposed
+    const Plan& p = plan_for(d, ta, BF16, epilogue, c, a, b, 1, M, N, K, false, true, 0, 0, 0, tb, fast_accum);
+    if (!p.found) return false;
+    // cuBLAS's A is our b (the header comment), so its A scale is b's
+    check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_inv_scale,
+                                            sizeof(b_inv_scale)),
+             "fp8 scale");
+    check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_inv_scale,
+                                            sizeof(a_inv_scale)),
+             "fp8 scale");
+    if (epilogue == EPI_BIAS || epilogue == EPI_GELU_BIAS)
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+                 "epilogue");
+    if (epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU)
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+                 "epilogue");
+    run_plan(d, p, device, F32, c, a, b);
     return true;
 }
 

@@ -22,6 +22,15 @@ void matmul(int device, int dtype, void* c, const void* a, const void* b, int64_
 enum MatmulEpilogue { EPI_NONE = 0, EPI_BIAS = 1, EPI_GELU_BIAS = 2, EPI_BGRAD = 3, EPI_GELU = 4 };
 bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a, const void* b, int64_t M, int64_t N,
                      int64_t K, bool trans_a, bool trans_b, void* bias, void* aux, int out_dtype = -1);
+// FP8 (Hopper and later): c (M, N) bf16 = (a (M, K) * a_inv_scale) @ (b (N, K) * b_inv_scale)^T with an
+// epilogue (NONE, BIAS, GELU_BIAS, GELU; bias (N,) and aux (M, N) bf16); a and b uint8 FP8 codes of
+// their formats (fp8/fp8.h: 0 E4M3, 1 E5M2; not both E5M2), both K-major, their inverse scales one
+// float32 each on the device (what fp8_cast wrote). fast_accum: cuBLASLt's faster, less exact
+// accumulation (the forward's choice; gradients take the exact one). False, doing nothing, where
+// cuBLASLt offers no algorithm (another GPU, another shape): the caller runs the GEMM in bf16.
+bool matmul_fp8(int device, int epilogue, void* c, const void* a, const void* b, int a_format, int b_format,
+                const float* a_inv_scale, const float* b_inv_scale, int64_t M, int64_t N, int64_t K, void* bias,
+                void* aux, bool fast_accum);
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 

@@ -12,7 +12,7 @@ Conventions:
 - Axis arguments are normalised (non-negative, sorted tuple) by the caller.
 
 One module per op family, as in cuda/: creation (transfers, full, astype, copy_, the dropout
-mask), elementwise, reduce, movement, matmul, nn (layer norm, softmax, cross-entropy, embedding),
+mask), elementwise, reduce, movement, matmul, fp8 (FP8 casts and GEMM), nn (layer norm, softmax, cross-entropy, embedding),
 attention, optim (multi-tensor updates), dlpack (exchange with other libraries); bf16 says how
 every family treats bfloat16 arrays (float32 arithmetic, rounded as the CUDA kernels round). This
 package is the backend module: `backend_for(device)` returns it, and ops look its functions up here
@@ -27,6 +27,7 @@ from .creation import (Array, arange, astype, astype_many, contiguous, copy_, dr
 from .dlpack import from_dlpack, to_dlpack
 from .elementwise import binary, gelu_backward, relu_backward, scale, unary, where
 from .malloc import keep_freed_arrays_in_the_heap
+from .fp8 import fp8_cast, fp8_meta, matmul_fp8
 from .matmul import linear, linear_backward, matmul, weight_grad
 from .movement import broadcast_to, concat, getitem, getitem_backward, permute, reshape
 from .nn import (add_layer_norm, cross_entropy, cross_entropy_backward, cross_entropy_with_grad_, embedding,

@@ -11,7 +11,7 @@ kernel. Shapes, strides and broadcasting are worked out here in Python, with sma
 C++ side stays a thin layer of kernel launches.
 
 One module per op family, as in cpu/: arrays (CudaArray, allocation, DLPack), layout (shapes and
-strides), creation (transfers, full, astype, copy_), elementwise, reduce, movement, matmul, nn
+strides), creation (transfers, full, astype, copy_), elementwise, reduce, movement, matmul, fp8 (FP8 casts and GEMM), nn
 (layer norm, softmax, cross-entropy, embedding), attention, random, optim (multi-tensor updates);
 runtime (devices, stream, memory) and capture (CUDA graphs) serve engine.cuda and engine.graphs.
 This package is the backend module: `backend_for(device)` returns it.
@@ -24,6 +24,7 @@ from .attention import (attention, attention_backward, attention_dropout_mask, a
 from .creation import (arange, astype, astype_many, contiguous, copy_, copy_from_numpy_, device_copy, dtype_of,
                        from_numpy, full, to_numpy)
 from .elementwise import binary, gelu_backward, relu_backward, scale, unary, where
+from .fp8 import fp8_cast, fp8_meta, matmul_fp8
 from .matmul import _bias_grad, linear, linear_backward, matmul, weight_grad
 from .movement import broadcast_to, concat, getitem, getitem_backward, permute, reshape
 from .nn import (add_layer_norm, cross_entropy, cross_entropy_backward, cross_entropy_with_grad_, embedding,

@@ -9,6 +9,7 @@ from ..._native import native
 from .arrays import _CODE, CudaArray, _empty, _same_device, _view
 from .creation import astype
 from .elementwise import binary, gelu_backward, unary
+from .fp8 import dx_fp8
 from .layout import _broadcast_shape
 from .movement import broadcast_to
 from .reduce import sum
@@ -124,19 +125,23 @@ def weight_grad(grad: CudaArray, x: CudaArray, dtype: DType) -> CudaArray:
 
 
 def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation: str | None, need: tuple,
-                    param_dtype: DType | None = None):
+                    param_dtype: DType | None = None, fp8=None):
     """grad (N, O) of linear's out -> dx (N, I), dw (O, I), db (O,); None where `need` (x, w, b) is
     False. dx is x's dtype; dw and db are param_dtype's (None: x's), float32 for bf16 x and w under
     autocast: the weight gradient's GEMM and the bias-gradient kernel write float32 themselves. The bias
     gradient is engine's column-sum kernel, which also runs the GELU backward in the same pass;
-    cuBLASLt's BGRADB epilogue (a separate pass too) is the fallback where it does not apply."""
+    cuBLASLt's BGRADB epilogue (a separate pass too) is the fallback where it does not apply.
+    fp8 (an FP8 layer's (w_t, w_inv, grad meta, current), fp8.dx_fp8's arguments): dx through the FP8
+    GEMM, bf16 where cuBLASLt has none."""
     if grad.dtype is not x.dtype:
         grad = astype(grad, x.dtype)
     pdt = x.dtype if param_dtype is None else param_dtype
     db, dpre = _bias_grad(grad, pre if activation is not None else None, pdt) if need[2] else (None, None)
     if activation is not None:
         grad = dpre if dpre is not None else gelu_backward(pre, grad)
-    dx = matmul(grad, w) if need[0] else None
+    dx = dx_fp8(grad, *fp8) if need[0] and fp8 is not None else None
+    if need[0] and dx is None:
+        dx = matmul(grad, w)
     dw = None
     if need[1] and need[2] and db is None and x.dtype in (float32, bfloat16) and pdt in (x.dtype, float32):
         (N, O), I = grad.shape, x.shape[1]

@@ -1,0 +1,218 @@
+// Casts to FP8 with delayed scaling (fp8.h says what the meta holds). Three kernels:
+// - amax_kernel: the first pass of a `current` cast, max |x| into meta[1];
+// - cast_kernel: 1-D, 8 elements a thread a step (16 or 32 bytes in, 8 out), grid-stride;
+// - cast_transpose_kernel: a 32 x 32 tile a block, written as it is and, through shared memory,
+//   transposed (a weight's two K-major copies in one pass).
+// Each block reduces its |x| maximum and adds it to meta[1] with one atomicMax (non-negative floats
+// order as their bits do); the block that finishes last (a counter, after a fence: the CUDA
+// programming guide's threadFenceReduction pattern) turns that into the next scale, so the whole
+// update is inside the cast's one launch.
+#include <cuda_fp8.h>
+
+#include "fp8/fp8.h"
+#include "runtime/common.cuh"
+
+namespace engine {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int kThreads = 256;
+
+template <int FMT> struct Fp8Limits;
+template <> struct Fp8Limits<FP8_E4M3> {
+    static constexpr float max = 448.f;
+    static constexpr __nv_fp8_interpretation_t kind = __NV_E4M3;
+};
+template <> struct Fp8Limits<FP8_E5M2> {
+    static constexpr float max = 57344.f;
+    static constexpr __nv_fp8_interpretation_t kind = __NV_E5M2;
+};
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __bfloat162float(v); }
+
+template <int FMT> __device__ __forceinline__ uint8_t to_fp8(float v) {
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, Fp8Limits<FMT>::kind);
+}
+template <int FMT> __device__ __forceinline__ uint16_t to_fp8x2(float a, float b) {
+    return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, Fp8Limits<FMT>::kind);
+}
+
+// the scale this cast multiplies by: meta[0], or with `current` fp8_max / the amax the first pass found
+__device__ __forceinline__ float cast_scale(const float* meta, bool current, float fmax) {
+    if (current) {
+        float amax = *(volatile const float*)(meta + 1);
+        if (amax > 0.f && isfinite(amax)) return fmax / amax;
+    }
+    return meta[0];
+}
+
+// the block's max |x| (every thread passes its own; 256 threads in any shape); thread 0 gets it
+__device__ __forceinline__ float block_amax(float v, float* shared /* 8 */) {
+    const int tid = threadIdx.x + threadIdx.y * blockDim.x, lane = tid & 31, warp = tid >> 5;
+    v = warp_max(v);
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float r = lane < kThreads / 32 ? shared[lane] : 0.f;
+    return warp_max(r);
+}
+
+// After the block's elements: add its amax (unless the first pass did), and in the last block to finish
+// write inv_scale and update the meta for the next cast. Thread 0 of each block calls it.
+__device__ void finish_block(float* meta, float* inv_scale, float amax, float scale, float fmax, bool current) {
+    unsigned int* words = reinterpret_cast<unsigned int*>(meta);
+    if (!current) atomicMax(reinterpret_cast<int*>(meta + 1), __float_as_int(amax));
+    __threadfence();
+    const unsigned int blocks = gridDim.x * gridDim.y;
+    if (atomicAdd(words + 2, 1u) != blocks - 1) return;
+    // the last block: every block's amax is in
+    float total = __int_as_float(atomicExch(reinterpret_cast<int*>(meta + 1), 0));
+    *inv_scale = 1.f / scale;
+    float* history = meta + 4;
+    if (isfinite(total)) {
+        for (int i = 15; i > 0; --i) history[i] = history[i - 1];
+        history[0] = total;
+    }
+    float m = 0.f;
+    for (int i = 0; i < 16; ++i) m = fmaxf(m, history[i]);
+    if (m > 0.f) meta[0] = fmax / m;
+    atomicExch(words + 2, 0u);
+}
+
+template <typename T, int V> struct alignas(sizeof(T) * V) Pack {
+    T v[V];
+};
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads) amax_kernel(float* __restrict__ meta, const T* __restrict__ in, int64_t n) {
+    __shared__ float shared[kThreads / 32];
+    const int64_t nv = n / V, stride = (int64_t)gridDim.x * kThreads;
+    const int64_t tid = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+    float a = 0.f;
+    for (int64_t i = tid; i < nv; i += stride) {
+        Pack<T, V> p = reinterpret_cast<const Pack<T, V>*>(in)[i];
+#pragma unroll
+        for (int k = 0; k < V; ++k) a = fmaxf(a, fabsf(to_float(p.v[k])));
+    }
+    for (int64_t i = nv * V + tid; i < n; i += stride) a = fmaxf(a, fabsf(to_float(in[i])));
+    a = block_amax(a, shared);
+    if (threadIdx.x == 0) atomicMax(reinterpret_cast<int*>(meta + 1), __float_as_int(a));
+}
+
+template <typename T, int V, int FMT>
+__global__ void __launch_bounds__(kThreads)
+    cast_kernel(uint8_t* __restrict__ out, float* __restrict__ inv_scale, float* __restrict__ meta,
+                const T* __restrict__ in, int64_t n, bool current) {
+    __shared__ float shared[kThreads / 32];
+    constexpr float fmax = Fp8Limits<FMT>::max;
+    const float scale = cast_scale(meta, current, fmax);
+    const int64_t nv = n / V, stride = (int64_t)gridDim.x * kThreads;
+    const int64_t tid = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+    float a = 0.f;
+    for (int64_t i = tid; i < nv; i += stride) {
+        if constexpr (V == 1) {
+            float x = to_float(in[i]);
+            a = fmaxf(a, fabsf(x));
+            out[i] = to_fp8<FMT>(x * scale);
+        } else {
+            Pack<T, V> p = reinterpret_cast<const Pack<T, V>*>(in)[i];
+            Pack<uint16_t, V / 2> q;
+#pragma unroll
+            for (int k = 0; k < V; k += 2) {
+                float x0 = to_float(p.v[k]), x1 = to_float(p.v[k + 1]);
+                a = fmaxf(a, fmaxf(fabsf(x0), fabsf(x1)));
+                q.v[k / 2] = to_fp8x2<FMT>(x0 * scale, x1 * scale);
+            }
+            reinterpret_cast<Pack<uint16_t, V / 2>*>(out)[i] = q;
+        }
+    }
+    for (int64_t i = nv * V + tid; i < n; i += stride) {
+        float x = to_float(in[i]);
+        a = fmaxf(a, fabsf(x));
+        out[i] = to_fp8<FMT>(x * scale);
+    }
+    a = block_amax(a, shared);
+    if (threadIdx.x == 0) finish_block(meta, inv_scale, a, scale, fmax, current);
+}
+
+// in (rows, cols) -> out (rows, cols) and out_t (cols, rows); block (32, 8), tile 32 x 32
+template <typename T, int FMT>
+__global__ void __launch_bounds__(kThreads)
+    cast_transpose_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* __restrict__ inv_scale,
+                          float* __restrict__ meta, const T* __restrict__ in, int64_t rows, int64_t cols, bool current) {
+    __shared__ float shared[kThreads / 32];
+    __shared__ uint8_t tile[32][33];
+    constexpr float fmax = Fp8Limits<FMT>::max;
+    const float scale = cast_scale(meta, current, fmax);
+    const int64_t r0 = (int64_t)blockIdx.y * 32, c0 = (int64_t)blockIdx.x * 32;
+    const int tx = threadIdx.x;
+    float a = 0.f;
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int64_t r = r0 + i, c = c0 + tx;
+        if (r < rows && c < cols) {
+            float x = to_float(in[r * cols + c]);
+            a = fmaxf(a, fabsf(x));
+            uint8_t q = to_fp8<FMT>(x * scale);
+            out[r * cols + c] = q;
+            tile[i][tx] = q;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int64_t c = c0 + i, r = r0 + tx;
+        if (r < rows && c < cols) out_t[c * rows + r] = tile[tx][i];
+    }
+    a = block_amax(a, shared);
+    if (threadIdx.x == 0 && threadIdx.y == 0) finish_block(meta, inv_scale, a, scale, fmax, current);
+}
+
+bool aligned(const void* p, int bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
+template <typename T, int FMT>
+void cast_typed(int device, uint8_t* out, uint8_t* out_t, float* inv_scale, float* meta, const T* in, int64_t rows,
+                int64_t cols, bool current) {
+    constexpr int V = 8;
+    cudaStream_t st = stream(device);
+    const int64_t n = rows * cols;
+    const bool vec = aligned(in, sizeof(T) * V) && aligned(out, V);
+    const unsigned int grid = (unsigned int)std::max<int64_t>(
+        1, std::min<int64_t>(ceil_div(vec ? n / V : n, kThreads), (int64_t)sm_count(device) * 8));
+    if (current) {
+        if (vec) amax_kernel<T, V><<<grid, kThreads, 0, st>>>(meta, in, n);
+        else amax_kernel<T, 1><<<grid, kThreads, 0, st>>>(meta, in, n);
+        check_launch("fp8_cast");
+    }
+    if (out_t != nullptr) {
+        dim3 tiles((unsigned int)ceil_div(cols, 32), (unsigned int)ceil_div(rows, 32));
+        cast_transpose_kernel<T, FMT><<<tiles, dim3(32, 8), 0, st>>>(out, out_t, inv_scale, meta, in, rows, cols,
+                                                                      current);
+    } else if (vec) {
+        cast_kernel<T, V, FMT><<<grid, kThreads, 0, st>>>(out, inv_scale, meta, in, n, current);
+    } else {
+        cast_kernel<T, 1, FMT><<<grid, kThreads, 0, st>>>(out, inv_scale, meta, in, n, current);
+    }
+    check_launch("fp8_cast");
+}
+
+template <typename T>
+void cast_format(int device, int format, uint8_t* out, uint8_t* out_t, float* inv_scale, float* meta, const T* in,
+                 int64_t rows, int64_t cols, bool current) {
+    if (format == FP8_E4M3) cast_typed<T, FP8_E4M3>(device, out, out_t, inv_scale, meta, in, rows, cols, current);
+    else if (format == FP8_E5M2) cast_typed<T, FP8_E5M2>(device, out, out_t, inv_scale, meta, in, rows, cols, current);
+    else throw std::runtime_error("engine op 'fp8_cast': format must be 0 (E4M3) or 1 (E5M2)");
+}
+
+}  // namespace
+
+void fp8_cast(int device, int dtype, int format, void* out, void* out_t, float* inv_scale, float* meta, const void* in,
+              int64_t rows, int64_t cols, bool current) {
+    if (rows * cols == 0) return;
+    use_device(device);
+    auto* o = static_cast<uint8_t*>(out);
+    auto* ot = static_cast<uint8_t*>(out_t);
+    if (dtype == BF16) cast_format(device, format, o, ot, inv_scale, meta, static_cast<const bf16*>(in), rows, cols, current);
+    else if (dtype == F32) cast_format(device, format, o, ot, inv_scale, meta, static_cast<const float*>(in), rows, cols, current);
+    else unsupported("fp8_cast", dtype);
+}
+
+}  // namespace engine

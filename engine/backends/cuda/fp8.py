@@ -1,0 +1,71 @@
+"""FP8 of the CUDA backend: casts with delayed scaling (csrc/cuda/fp8/) and the FP8 GEMM (cuBLASLt,
+csrc/cuda/matmul/). Same functions and meaning as cpu/fp8.py, the reference; a meta is 20 float32
+words on the device (csrc/cuda/fp8/fp8.h), updated by the casts themselves, so a captured CUDA graph
+replays the scaling without the host."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...dtypes import bfloat16, float32, uint8
+from ..._native import native
+from .arrays import _CODE, CudaArray, _empty, _same_device
+from .creation import from_numpy
+
+META_WORDS, HISTORY = 20, 16
+_FORMAT = {"e4m3": 0, "e5m2": 1}
+_EPI_NONE, _EPI_BIAS, _EPI_GELU_BIAS, _EPI_GELU = 0, 1, 2, 4
+
+
+def fp8_meta(like: CudaArray) -> CudaArray:
+    """A fresh meta (20,) float32 on like's device: scale 1, no history."""
+    meta = np.zeros(META_WORDS, np.float32)
+    meta[0] = 1.0
+    return from_numpy(meta, like.device)
+
+
+def fp8_cast(x: CudaArray, fmt: str, meta: CudaArray, current: bool, transpose: bool = False):
+    """x (R, C) float32 or bf16 -> (q (R, C) uint8, q_t (C, R) uint8 or None, inv_scale (1,) float32), as
+    cpu/fp8.py; the meta is updated on the device by the cast's last block."""
+    if x.dtype not in (float32, bfloat16):
+        raise TypeError(f"fp8_cast: float32 or bfloat16 input, got {x.dtype.name}")
+    if fmt not in _FORMAT:
+        raise ValueError(f"fp8_cast: format must be 'e4m3' or 'e5m2', got {fmt!r}")
+    dev = _same_device("fp8_cast", x, meta)
+    rows, cols = (x.shape[0], x.size // x.shape[0]) if x.ndim >= 1 and x.shape[0] else (1, x.size)
+    q = _empty(x.shape, uint8, dev)
+    q_t = _empty((cols, rows), uint8, dev) if transpose else None
+    inv_scale = _empty((1,), float32, dev)
+    native.fp8_cast(dev, _CODE[x.dtype], _FORMAT[fmt], q.ptr, q_t.ptr if transpose else 0, inv_scale.ptr, meta.ptr,
+                    x.ptr, rows, cols, bool(current))
+    return q, q_t, inv_scale
+
+
+def matmul_fp8(a: CudaArray, a_fmt: str, a_inv: CudaArray, b: CudaArray, b_fmt: str, b_inv: CudaArray,
+               bias=None, activation: str | None = None, fast_accum: bool = False):
+    """(out (M, N) bf16, pre (M, N) bf16 or None), out = act(deq(a) (M, K) @ deq(b) (N, K)^T + bias (N,)
+    bf16), as cpu/fp8.py; bias and GELU in cuBLASLt's epilogue. None where cuBLASLt has no FP8 GEMM for
+    it (a GPU before Hopper, a shape it refuses): the caller runs the GEMM in bf16."""
+    if activation not in (None, "gelu"):
+        raise ValueError(f"matmul_fp8: unknown activation {activation!r} (only 'gelu')")
+    if a_fmt == "e5m2" and b_fmt == "e5m2":
+        raise ValueError("matmul_fp8: E5M2 x E5M2 is not a GEMM Hopper offers; one operand must be E4M3")
+    dev = _same_device("matmul_fp8", a, b, a_inv, b_inv, *([bias] if bias is not None else []))
+    (M, K), N = a.shape, b.shape[0]
+    out = _empty((M, N), bfloat16, dev)
+    pre = _empty((M, N), bfloat16, dev) if activation is not None else None
+    epilogue = ((_EPI_GELU_BIAS if bias is not None else _EPI_GELU) if activation is not None
+                else (_EPI_BIAS if bias is not None else _EPI_NONE))
+    if not native.matmul_fp8(dev, epilogue, out.ptr, a.ptr, b.ptr, _FORMAT[a_fmt], _FORMAT[b_fmt], a_inv.ptr,
+                             b_inv.ptr, M, N, K, bias.ptr if bias is not None else 0,
+                             pre.ptr if pre is not None else 0, bool(fast_accum)):
+        return None
+    return out, pre
+
+
+def dx_fp8(grad: CudaArray, w_t: CudaArray, w_inv: CudaArray, meta: CudaArray, current: bool):
+    """The input gradient of an FP8 linear layer: dx (N, I) bf16 = grad (N, O) @ w, through grad cast to
+    E5M2 (with `meta`) and w_t (I, O), the E4M3 transposed weight the forward cast; None where cuBLASLt has
+    no such GEMM."""
+    g8, _, g_inv = fp8_cast(grad, "e5m2", meta, current)
+    res = matmul_fp8(g8, "e5m2", g_inv, w_t, "e4m3", w_inv)
+    return None if res is None else res[0]
