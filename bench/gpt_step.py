@@ -3,7 +3,8 @@
 Prints one JSON line per (config, implementation, mode) with ms/step and tokens/s, then one line
 per config with every mode's tokens/s as a ratio to PyTorch's torch.compile bf16 (same model, same
 run, same GPU). Modes: engine fp32 (TF32 matmuls), engine bf16 (engine.autocast) and engine bf16 with
-the whole step replayed as one CUDA graph (engine.cuda.graphs.CapturedStep); PyTorch eager
+the whole step replayed as one CUDA graph (engine.cuda.graphs.CapturedStep), and the same two with
+FP8 linear layers (fp8, fp8_graph: engine.fp8, opt-in, not in the default set); PyTorch eager
 fp32 (TF32), eager bf16 (torch.autocast), torch.compile bf16 and torch.compile bf16 in its
 "reduce-overhead" mode (CUDA graphs), where torch is importable; a last line per config gives every
 mode's ratio to the strongest torch.compile mode of the run. The two
@@ -44,6 +45,9 @@ def bench_engine(name: str, steps: int, warmup: int, profile: bool = False, mode
     model = GPT(GPTConfig(vocab_size=c["V"], block_size=c["T"], n_layer=c["L"], n_head=c["H"], n_embd=c["D"],
                           dropout=0.0, bias=True)).to("cuda")
     nparams = model.num_parameters()
+    if mode.startswith("fp8"):  # bf16 autocast with the linear layers' forward and dx GEMMs in FP8 (engine.fp8)
+        import engine.fp8
+        engine.fp8.enable(model)
     opt = engine.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)  # torch's defaults
     rng = np.random.default_rng(0)
     idx = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device="cuda")
@@ -57,7 +61,7 @@ def bench_engine(name: str, steps: int, warmup: int, profile: bool = False, mode
         opt.zero_grad(set_to_none=True)
         return loss
 
-    captured = engine.cuda.graphs.CapturedStep(step_fn) if mode == "bf16_graph" else None
+    captured = engine.cuda.graphs.CapturedStep(step_fn) if mode.endswith("_graph") else None
 
     def step():
         return captured(idx, tgt) if captured is not None else step_fn(idx, tgt)
@@ -198,7 +202,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--engine-modes", nargs="+", default=["fp32", "bf16", "bf16_graph"],
-                    choices=["fp32", "bf16", "bf16_graph"])
+                    choices=["fp32", "bf16", "bf16_graph", "fp8", "fp8_graph"])
     ap.add_argument("--torch-modes", nargs="+",
                     default=["eager_fp32", "eager_bf16", "compile_bf16", "compile_bf16_reduce_overhead"],
                     choices=["eager_fp32", "eager_bf16", "compile_bf16", "compile_bf16_reduce_overhead"])

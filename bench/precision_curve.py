@@ -3,11 +3,12 @@
 Trains the reference gpt2_124m configuration (bench/gpt_step.py's: 12 layers, width 768, vocabulary
 50304, B 16 x T 1024) for --steps steps of AdamW (lr 6e-4 after 20 warm-up steps, weight decay 0.1,
 gradients clipped at 1.0) on the bytes of a text file, in each --modes mode (fp32: TF32 matmuls;
-bf16: engine.autocast; bf16_graph: autocast with the step replayed as one CUDA graph) for each
+bf16: engine.autocast; bf16_graph: autocast with the step replayed as one CUDA graph; fp8, fp8_graph:
+the same with the linear layers' forward and dx GEMMs in FP8, engine.fp8) for each
 --seeds seed (the weights' initialisation; the batches are the same for every run). Prints one
-JSON line per run with its losses, then one summary line: the largest gap between each bf16 mode's
-curve and float32's of the same seed, next to the gap between float32's curves of two seeds (the
-noise), both on curves smoothed over 10 steps.
+JSON line per run with its losses, then one summary line: the largest gap between each mode's curve
+and float32's of the same seed (and, with FP8 modes, between each FP8 mode's and bf16's), next to the
+gap between float32's curves of two seeds (the noise), all on curves smoothed over 10 steps.
 
     python bench/precision_curve.py --data ../shared/data/tinyshakespeare.txt
 """
@@ -45,6 +46,9 @@ def run(mode: str, seed: int, data: list) -> tuple[list[float], bool]:
     engine.manual_seed(seed)
     model = GPT(GPTConfig(vocab_size=50304, block_size=T, n_layer=12, n_head=12, n_embd=768, dropout=0.0,
                           bias=True)).to("cuda")
+    if mode.startswith("fp8"):
+        import engine.fp8
+        engine.fp8.enable(model)
     opt = engine.optim.AdamW(model.optimizer_groups(0.1), lr=LR, betas=(0.9, 0.95))
 
     def step_fn(x, y):
@@ -56,7 +60,7 @@ def run(mode: str, seed: int, data: list) -> tuple[list[float], bool]:
         opt.zero_grad(set_to_none=True)
         return loss
 
-    step = engine.cuda.graphs.CapturedStep(step_fn) if mode == "bf16_graph" else step_fn
+    step = engine.cuda.graphs.CapturedStep(step_fn) if mode.endswith("_graph") else step_fn
     losses = []
     for i, (xb, yb) in enumerate(data):
         for group in opt.param_groups:
@@ -75,7 +79,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="a text file; its bytes are the tokens")
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--modes", nargs="+", default=["fp32", "bf16_graph"], choices=["fp32", "bf16", "bf16_graph"])
+    ap.add_argument("--modes", nargs="+", default=["fp32", "bf16_graph"],
+                    choices=["fp32", "bf16", "bf16_graph", "fp8", "fp8_graph"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     args = ap.parse_args(argv)
     if not engine.cuda.is_available():
@@ -102,6 +107,11 @@ def main(argv=None) -> int:
             continue
         gaps = [np.max(np.abs(smooth(curves[mode, s]) - smooth(curves["fp32", s]))) for s in args.seeds]
         summary[f"{mode}_vs_fp32_gap_max"] = round(float(max(gaps)), 4)
+    bf16 = next((m for m in ("bf16_graph", "bf16") if m in args.modes), None)
+    for mode in args.modes:
+        if mode.startswith("fp8") and bf16 is not None:
+            gaps = [np.max(np.abs(smooth(curves[mode, s]) - smooth(curves[bf16, s]))) for s in args.seeds]
+            summary[f"{mode}_vs_{bf16}_gap_max"] = round(float(max(gaps)), 4)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -10,6 +10,7 @@ from ...dtypes import bfloat16, float32, uint8
 from ..._native import native
 from .arrays import _CODE, CudaArray, _empty, _same_device
 from .creation import from_numpy
+from .elementwise import unary
 
 META_WORDS, HISTORY = 20, 16
 _FORMAT = {"e4m3": 0, "e5m2": 1}
@@ -55,11 +56,14 @@ def matmul_fp8(a: CudaArray, a_fmt: str, a_inv: CudaArray, b: CudaArray, b_fmt: 
     pre = _empty((M, N), bfloat16, dev) if activation is not None else None
     epilogue = ((_EPI_GELU_BIAS if bias is not None else _EPI_GELU) if activation is not None
                 else (_EPI_BIAS if bias is not None else _EPI_NONE))
-    if not native.matmul_fp8(dev, epilogue, out.ptr, a.ptr, b.ptr, _FORMAT[a_fmt], _FORMAT[b_fmt], a_inv.ptr,
-                             b_inv.ptr, M, N, K, bias.ptr if bias is not None else 0,
-                             pre.ptr if pre is not None else 0, bool(fast_accum)):
-        return None
-    return out, pre
+    if native.matmul_fp8(dev, epilogue, out.ptr, a.ptr, b.ptr, _FORMAT[a_fmt], _FORMAT[b_fmt], a_inv.ptr,
+                         b_inv.ptr, M, N, K, bias.ptr if bias is not None else 0,
+                         pre.ptr if pre is not None else 0, bool(fast_accum)):
+        return out, pre
+    if activation is not None:  # no GELU epilogue for it: the GEMM with its bias, then engine's GELU
+        res = matmul_fp8(a, a_fmt, a_inv, b, b_fmt, b_inv, bias, None, fast_accum)
+        return None if res is None else (unary("gelu", res[0]), res[0])
+    return None
 
 
 def dx_fp8(grad: CudaArray, w_t: CudaArray, w_inv: CudaArray, meta: CudaArray, current: bool):
