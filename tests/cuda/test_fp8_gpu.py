@@ -3,7 +3,7 @@
 
 The casts bit for bit: the codes, the inverse scale and the whole meta (scale and amax history) after
 every cast of a sequence, for both formats, float32 and bf16 inputs, vectorised, unaligned and odd-sized
-tensors, with and without the transposed copy. The FP8 GEMM within bf16's rounding (2^-7 relative,
+tensors, with and without the transposed copy, and the E5M2 cast the GELU backward writes beside dpre. The FP8 GEMM within bf16's rounding (2^-7 relative,
 plus 1e-3 of the largest value for the order of the float32 sums) of the reference on the same codes.
 A linear layer under autocast, forward and backward, within 2e-2 of the norm of the CPU backend's FP8
 run on the same inputs; a captured training step with FP8 bit for bit the eager step; a GPT trained in
@@ -67,6 +67,25 @@ def test_an_unaligned_view_casts_as_its_values():
     got = gpu.fp8_cast(view, "e4m3", gpu.fp8_meta(base), current=True)
     want = c8.fp8_cast(gpu.to_numpy(view), "e4m3", c8.fp8_meta(None), current=True)
     np.testing.assert_array_equal(gpu.to_numpy(got[0]), want[0])
+
+
+def test_the_gelu_backward_writes_the_e5m2_cast_of_dpre_as_a_cast_would():
+    N, O = 96, 256
+    g, pre = (gpu.from_numpy(_values((N, O), s, "bf16")) for s in (1e-3, 1.0))
+    dmeta, hmeta = gpu.fp8_meta(g), c8.fp8_meta(None)
+    for step in range(3):  # a history first (the fused cast scales by it), then casts fused and not
+        db, dpre, cast = gpu._bias_grad(g, pre, engine.float32, dmeta if step else None)
+        want = c8.fp8_cast(gpu.to_numpy(dpre), "e5m2", hmeta, current=step == 0)
+        if step == 0:
+            assert cast is None
+            gpu.fp8_cast(dpre, "e5m2", dmeta, current=True)
+            continue
+        np.testing.assert_array_equal(gpu.to_numpy(cast[0]), want[0], err_msg=f"step {step}: codes")
+        np.testing.assert_array_equal(gpu.to_numpy(cast[1]), want[2], err_msg=f"step {step}: inverse scale")
+        np.testing.assert_array_equal(gpu.to_numpy(dmeta), hmeta, err_msg=f"step {step}: meta")
+    plain = gpu._bias_grad(g, pre, engine.float32)
+    np.testing.assert_array_equal(gpu.to_numpy(plain[0]), gpu.to_numpy(db))  # the fused cast changes nothing else
+    np.testing.assert_array_equal(gpu.to_numpy(plain[1]), gpu.to_numpy(dpre))
 
 
 @needs_fp8

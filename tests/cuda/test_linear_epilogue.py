@@ -138,7 +138,7 @@ def test_bias_grad_kernel_matches_column_sums(dtype, shape, gelu):
     N, O = shape
     g = gpu.astype(gpu.from_numpy(rng.standard_normal((N, O)).astype(np.float32)), dtype)
     pre = gpu.astype(gpu.from_numpy(rng.standard_normal((N, O)).astype(np.float32)), dtype) if gelu else None
-    db, dpre = gpu._bias_grad(g, pre)
+    db, dpre, _ = gpu._bias_grad(g, pre)
     assert db is not None and db.dtype is dtype and db.shape == (O,)
     if gelu:
         want_dpre = gpu.gelu_backward(pre, g)  # engine's unfused kernel, same dtype
@@ -161,7 +161,7 @@ def test_bias_grad_falls_back_on_odd_widths(no_tf32):
     then takes cuBLASLt's BGRADB epilogue or the column sum, with the same result."""
     N, I, O = 40, 16, 12
     g = gpu.astype(gpu.from_numpy(rng.standard_normal((N, O)).astype(np.float32)), BF)
-    assert gpu._bias_grad(g) == (None, None)
+    assert gpu._bias_grad(g) == (None, None, None)
     x, w, _, _ = _inputs(N, I, O)
     xb, wb = (gpu.astype(a, BF) for a in _dev(x, w))
     _, _, db = gpu.linear_backward(g, xb, wb, None, None, (False, True, True))

@@ -3,40 +3,24 @@
 // - cast_kernel: 1-D, 8 elements a thread a step (16 or 32 bytes in, 8 out), grid-stride;
 // - cast_transpose_kernel: a 32 x 32 tile a block, written as it is and, through shared memory,
 //   transposed (a weight's two K-major copies in one pass).
-// Each block reduces its |x| maximum and adds it to meta[1] with one atomicMax (non-negative floats
-// order as their bits do); the block that finishes last (a counter, after a fence: the CUDA
-// programming guide's threadFenceReduction pattern) turns that into the next scale, so the whole
-// update is inside the cast's one launch.
-#include <cuda_fp8.h>
-
-#include "fp8/fp8.h"
-#include "runtime/common.cuh"
+// Each block reduces its |x| maximum and adds it to meta[1] with one atomicMax; the block that
+// finishes last turns that into the next scale (fp8.cuh's finish_block), so the whole update is
+// inside the cast's one launch.
+#include "fp8/fp8.cuh"
 
 namespace engine {
 namespace {
 
 using bf16 = __nv_bfloat16;
-constexpr int kThreads = 256;
-
-template <int FMT> struct Fp8Limits;
-template <> struct Fp8Limits<FP8_E4M3> {
-    static constexpr float max = 448.f;
-    static constexpr __nv_fp8_interpretation_t kind = __NV_E4M3;
-};
-template <> struct Fp8Limits<FP8_E5M2> {
-    static constexpr float max = 57344.f;
-    static constexpr __nv_fp8_interpretation_t kind = __NV_E5M2;
-};
+using fp8::block_amax;
+using fp8::finish_block;
+using fp8::kThreads;
+template <int FMT> using Fp8Limits = fp8::Limits<FMT>;
+using fp8::to_fp8;
+using fp8::to_fp8x2;
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(bf16 v) { return __bfloat162float(v); }
-
-template <int FMT> __device__ __forceinline__ uint8_t to_fp8(float v) {
-    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, Fp8Limits<FMT>::kind);
-}
-template <int FMT> __device__ __forceinline__ uint16_t to_fp8x2(float a, float b) {
-    return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, Fp8Limits<FMT>::kind);
-}
 
 // the scale this cast multiplies by: meta[0], or with `current` fp8_max / the amax the first pass found
 __device__ __forceinline__ float cast_scale(const float* meta, bool current, float fmax) {
@@ -45,38 +29,6 @@ __device__ __forceinline__ float cast_scale(const float* meta, bool current, flo
         if (amax > 0.f && isfinite(amax)) return fmax / amax;
     }
     return meta[0];
-}
-
-// the block's max |x| (every thread passes its own; 256 threads in any shape); thread 0 gets it
-__device__ __forceinline__ float block_amax(float v, float* shared /* 8 */) {
-    const int tid = threadIdx.x + threadIdx.y * blockDim.x, lane = tid & 31, warp = tid >> 5;
-    v = warp_max(v);
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    float r = lane < kThreads / 32 ? shared[lane] : 0.f;
-    return warp_max(r);
-}
-
-// After the block's elements: add its amax (unless the first pass did), and in the last block to finish
-// write inv_scale and update the meta for the next cast. Thread 0 of each block calls it.
-__device__ void finish_block(float* meta, float* inv_scale, float amax, float scale, float fmax, bool current) {
-    unsigned int* words = reinterpret_cast<unsigned int*>(meta);
-    if (!current) atomicMax(reinterpret_cast<int*>(meta + 1), __float_as_int(amax));
-    __threadfence();
-    const unsigned int blocks = gridDim.x * gridDim.y;
-    if (atomicAdd(words + 2, 1u) != blocks - 1) return;
-    // the last block: every block's amax is in
-    float total = __int_as_float(atomicExch(reinterpret_cast<int*>(meta + 1), 0));
-    *inv_scale = 1.f / scale;
-    float* history = meta + 4;
-    if (isfinite(total)) {
-        for (int i = 15; i > 0; --i) history[i] = history[i - 1];
-        history[0] = total;
-    }
-    float m = 0.f;
-    for (int i = 0; i < 16; ++i) m = fmaxf(m, history[i]);
-    if (m > 0.f) meta[0] = fmax / m;
-    atomicExch(words + 2, 0u);
 }
 
 template <typename T, int V> struct alignas(sizeof(T) * V) Pack {

@@ -66,10 +66,10 @@ def matmul_fp8(a: CudaArray, a_fmt: str, a_inv: CudaArray, b: CudaArray, b_fmt: 
     return None
 
 
-def dx_fp8(grad: CudaArray, w_t: CudaArray, w_inv: CudaArray, meta: CudaArray, current: bool):
+def dx_fp8(grad: CudaArray, w_t: CudaArray, w_inv: CudaArray, meta: CudaArray, current: bool, cast=None):
     """The input gradient of an FP8 linear layer: dx (N, I) bf16 = grad (N, O) @ w, through grad cast to
-    E5M2 (with `meta`) and w_t (I, O), the E4M3 transposed weight the forward cast; None where cuBLASLt has
-    no such GEMM."""
-    g8, _, g_inv = fp8_cast(grad, "e5m2", meta, current)
+    E5M2 (with `meta`; `cast`: its (codes, inverse scale) already made, by the GELU backward) and w_t
+    (I, O), the E4M3 transposed weight the forward cast; None where cuBLASLt has no such GEMM."""
+    g8, g_inv = cast if cast is not None else fp8_cast(grad, "e5m2", meta, current)[::2]
     res = matmul_fp8(g8, "e5m2", g_inv, w_t, "e4m3", w_inv)
     return None if res is None else res[0]

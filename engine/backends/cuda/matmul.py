@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ...dtypes import DType, bfloat16, float32, float64
+from ...dtypes import DType, bfloat16, float32, float64, uint8
 from ..._native import native
 from .arrays import _CODE, CudaArray, _empty, _same_device, _view
 from .creation import astype
@@ -94,19 +94,24 @@ def linear(x: CudaArray, w: CudaArray, b, activation: str | None):
     return (y, None) if activation is None else (unary("gelu", y), y)
 
 
-def _bias_grad(g: CudaArray, pre=None, db_dtype: DType | None = None):
+def _bias_grad(g: CudaArray, pre=None, db_dtype: DType | None = None, fp8_meta=None):
     """db (O,) = column sums of g (N, O), of db_dtype (None: g's; or float32); with pre, the GELU backward
-    first, dpre = gelu'(pre) * g, in the same pass. -> (db, dpre or None), or (None, None) where the kernel
-    does not apply (float64, a width not a multiple of 16 bytes, unaligned data)."""
+    first, dpre = gelu'(pre) * g, in the same pass, and with fp8_meta (bf16) dpre's E5M2 cast too (a
+    delayed-scaling cast with that meta). -> (db, dpre or None, (dpre's codes, inverse scale) or None),
+    or Nones where the kernel does not apply (float64, a width not a multiple of 16 bytes, unaligned
+    data)."""
     db_dtype = g.dtype if db_dtype is None else db_dtype
     if db_dtype not in (g.dtype, float32):
-        return None, None
+        return None, None, None
     db = _empty((g.shape[1],), db_dtype, g.device)
     dpre = _empty(pre.shape, pre.dtype, pre.device) if pre is not None else None
+    cast = (_empty(pre.shape, uint8, g.device), _empty((1,), float32, g.device)) if fp8_meta is not None else None
     if native.linear_bias_grad(g.device, _CODE[g.dtype], db.ptr, dpre.ptr if dpre is not None else 0, g.ptr,
-                           pre.ptr if pre is not None else 0, *g.shape, db_dtype=_CODE[db_dtype]):
-        return db, dpre
-    return None, None
+                               pre.ptr if pre is not None else 0, *g.shape, db_dtype=_CODE[db_dtype],
+                               dpre8=cast[0].ptr if cast else 0, inv_scale=cast[1].ptr if cast else 0,
+                               meta=fp8_meta.ptr if cast else 0):
+        return db, dpre, cast
+    return None, None, None
 
 
 def weight_grad(grad: CudaArray, x: CudaArray, dtype: DType) -> CudaArray:
@@ -132,14 +137,17 @@ def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation
     gradient is engine's column-sum kernel, which also runs the GELU backward in the same pass;
     cuBLASLt's BGRADB epilogue (a separate pass too) is the fallback where it does not apply.
     fp8 (an FP8 layer's (w_t, w_inv, grad meta, current), fp8.dx_fp8's arguments): dx through the FP8
-    GEMM, bf16 where cuBLASLt has none."""
+    GEMM, bf16 where cuBLASLt has none; after the GELU the kernel writes dpre's E5M2 cast beside dpre
+    (once the meta has a history: its first cast scales by dpre's own amax, a pass of its own)."""
     if grad.dtype is not x.dtype:
         grad = astype(grad, x.dtype)
     pdt = x.dtype if param_dtype is None else param_dtype
-    db, dpre = _bias_grad(grad, pre if activation is not None else None, pdt) if need[2] else (None, None)
+    fused = fp8[2] if fp8 is not None and need[0] and activation is not None and not fp8[3] else None
+    db, dpre, cast = (_bias_grad(grad, pre if activation is not None else None, pdt, fused) if need[2]
+                      else (None, None, None))
     if activation is not None:
         grad = dpre if dpre is not None else gelu_backward(pre, grad)
-    dx = dx_fp8(grad, *fp8) if need[0] and fp8 is not None else None
+    dx = dx_fp8(grad, *fp8, cast=cast) if need[0] and fp8 is not None else None
     if need[0] and dx is None:
         dx = matmul(grad, w)
     dw = None
