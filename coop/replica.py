@@ -37,7 +37,7 @@ class InnerConfig:
     grad_clip: float = 1.0  # 0 disables clipping
     batch_size: int = 16
     block_size: int = 128
-    precision: str = "auto"  # "auto" (bf16 autocast on a GPU, float32 on the CPU), "bf16" or "fp32"
+    precision: str = "auto"  # "auto" (bf16 autocast on a GPU, float32 on the CPU), "bf16", "fp8" or "fp32"
 
     def to_dict(self) -> dict:
         return asdict(self)

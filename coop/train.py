@@ -41,7 +41,7 @@ from .training import TrainStep, autocast_for, evaluate, load_weights, make_opti
 
 
 TOKENIZERS = ("char", "bpe")
-PRECISIONS = ("auto", "bf16", "fp32")
+PRECISIONS = ("auto", "bf16", "fp8", "fp32")
 MODEL_SHAPE = ("n_layer", "n_head", "n_embd", "block_size", "bias")  # with --init-from: the directory's
 AtLeast1 = Annotated[int, Field(ge=1)]
 AtLeast0 = Annotated[int, Field(ge=0)]
@@ -59,7 +59,8 @@ class TrainConfig:
     out: str = "runs/train"
     resume: bool = False
     device: Annotated[str, Field(validate_default=True)] = "auto"  # auto: cuda when a GPU is seen, else cpu
-    precision: Literal["auto", "bf16", "fp32"] = "auto"  # "auto": bf16 autocast on a GPU, float32 on the CPU
+    # "auto": bf16 autocast on a GPU, float32 on the CPU; "fp8": bf16 with FP8 linear layers (engine.fp8, Hopper)
+    precision: Literal["auto", "bf16", "fp8", "fp32"] = "auto"
     graph: bool = True  # on a GPU, run each training step as one captured CUDA graph (engine.cuda.graphs)
     seed: Annotated[int, Field(ge=0, lt=2**32)] = 0
     # a Hugging Face GPT-2 directory to start from: its weights and tokenizer; the model options
@@ -338,7 +339,8 @@ def add_parser(subparsers) -> None:
     notes = {"eval_every": "steps between evaluations, 0: only at the end",
              "checkpoint_every": "steps between checkpoints, 0: only at the end",
              "log_every": "steps between progress lines", "sample_tokens": "tokens sampled at the end, 0: none",
-             "precision": "auto: bf16 autocast on a GPU, fp32 on the CPU"}
+             "precision": "auto: bf16 autocast on a GPU, fp32 on the CPU; fp8: bf16 with FP8 linear layers "
+                          "(a GPU with FP8 tensor cores: Hopper or later)"}
     for f in fields(TrainConfig):
         if f.name in ("data", "resume", "quiet", "graph", "eval_train", "bias", "init_from"):
             continue

@@ -13,18 +13,20 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 import engine
+import engine.fp8
 from engine.data import TokenDataset
 from engine.optim import SGD, AdamW, clip_grad_norm_, warmup_cosine_lr
 
 
 def autocast_for(device: str, precision: str = "auto"):
     """The forward pass's precision: bf16 autocast (float32 master weights) on a GPU unless
-    precision is "fp32"; float32 on the CPU, which has no bf16 arithmetic."""
+    precision is "fp32"; float32 on the CPU, which has no bf16 arithmetic. "fp8" is bf16 autocast
+    too, with the model's linear layers in FP8 (TrainStep turns that on: engine.fp8)."""
     on_gpu = str(device).startswith("cuda")
-    if precision not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {precision!r}")
-    if precision == "bf16" and not on_gpu:
-        raise ValueError("precision 'bf16' needs a CUDA device; the CPU backend trains in float32")
+    if precision not in ("auto", "bf16", "fp8", "fp32"):
+        raise ValueError(f"precision must be 'auto', 'bf16', 'fp8' or 'fp32', got {precision!r}")
+    if precision in ("bf16", "fp8") and not on_gpu:
+        raise ValueError(f"precision {precision!r} needs a CUDA device; the CPU backend trains in float32")
     if on_gpu and precision != "fp32":
         return engine.autocast("cuda", dtype=engine.bfloat16)
     return contextlib.nullcontext()
@@ -126,6 +128,8 @@ class TrainStep:
                  grad_accum: int = 1, graph: bool = True):
         autocast_for(device, precision)  # a bad precision fails here, before any work
         self.model, self.optimizer, self.device, self.precision = model, optimizer, device, precision
+        if precision == "fp8":  # the linear layers' forward and input-gradient GEMMs in FP8 (engine.fp8)
+            engine.fp8.enable(model)
         self.lr, self.min_lr, self.warmup_steps, self.total_steps = lr, min_lr, warmup_steps, total_steps
         self.grad_clip, self.grad_accum = grad_clip, grad_accum
         self.step_count = 0

@@ -105,7 +105,7 @@ def test_a_bad_choice_is_refused_by_the_parser_in_one_line_and_listed_in_help(tm
     with pytest.raises(SystemExit) as exit_info:
         coop_main(["train", "--precision", "bogus"])
     err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and "choose from 'auto', 'bf16', 'fp32'" in err and "\n" not in err, err
+    assert exit_info.value.code == 2 and "choose from 'auto', 'bf16', 'fp8', 'fp32'" in err and "\n" not in err, err
     with pytest.raises(SystemExit):
         coop_main(["train", "-h"])
     assert "{auto,bf16,fp32}" in capsys.readouterr().out

@@ -222,3 +222,21 @@ def test_a_gpt_trains_in_fp8_about_as_well_as_in_bf16():
     assert drop > 0.5, f"bf16 did not learn: {finals}"
     assert abs(finals[True] - finals[False]) < 0.02 * drop, finals
 
+
+
+@needs_fp8
+def test_coop_trains_with_precision_fp8_in_a_captured_step():
+    from coop.training import TrainStep, autocast_for
+
+    engine.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=2, n_embd=64)).to("cuda")
+    opt = AdamW(model.optimizer_groups(0.1), lr=1e-3)
+    step = TrainStep(model, opt, device="cuda", lr=1e-3, min_lr=1e-4, warmup_steps=2, total_steps=20,
+                     precision="fp8")
+    assert engine.fp8.is_enabled(model)
+    batch = np.random.default_rng(0).integers(0, 65, (4, 33))
+    losses = [float(step(batch[:, :-1], batch[:, 1:]).numpy()) for _ in range(8)]
+    assert step.captured is not None and step.captured.captured
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        autocast_for("cpu", "fp8")
