@@ -49,7 +49,7 @@ def test_coop_train_refuses_a_bad_flag_in_one_line(tmp_path, argv, words):
     ("max_steps = 0\n", ["max_steps = 0", "greater than or equal to 1"]),
     ("max_steps = [\n", ["is not valid TOML"]),
     ("[model]\nn_layer = 2\n", ["[model] is a table", "run config"]),
-    ("precision = \"fp64\"\n", ["precision = 'fp64'", "'auto', 'bf16' or 'fp32'"]),
+    ("precision = \"fp64\"\n", ["precision = 'fp64'", "'auto', 'bf16', 'fp8' or 'fp32'"]),
     ("n_embd = 30\n", ["--n-embd 30 must be a multiple of --n-head 4"]),
 ])
 def test_coop_train_refuses_a_bad_config_file_in_one_line(tmp_path, text, words):
@@ -112,7 +112,7 @@ def test_coop_simulate_reads_a_config_file_and_refuses_unknown_keys(tmp_path, ca
 
 def test_help_lists_the_choices_and_the_config_option():
     train_help = coop("train", "-h").stdout
-    assert "{auto,bf16,fp32}" in train_help and "{char,bpe}" in train_help and "--config FILE" in train_help
+    assert "{auto,bf16,fp8,fp32}" in train_help and "{char,bpe}" in train_help and "--config FILE" in train_help
     assert "auto (cuda when" in train_help
     simulate_help = coop("simulate", "-h").stdout
     assert "{iid,contiguous,whole}" in simulate_help and "--config FILE" in simulate_help

@@ -108,7 +108,7 @@ def test_a_bad_choice_is_refused_by_the_parser_in_one_line_and_listed_in_help(tm
     assert exit_info.value.code == 2 and "choose from 'auto', 'bf16', 'fp8', 'fp32'" in err and "\n" not in err, err
     with pytest.raises(SystemExit):
         coop_main(["train", "-h"])
-    assert "{auto,bf16,fp32}" in capsys.readouterr().out
+    assert "{auto,bf16,fp8,fp32}" in capsys.readouterr().out
 
 
 def test_eval_and_checkpoint_every_0_mean_only_at_the_end(tmp_path, capsys):
