@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's engine
 
 import engine  # noqa: E402
+import engine.fp8  # noqa: E402
 from engine.nn import GPT, GPTConfig  # noqa: E402
 
 B, T = 16, 1024
@@ -47,7 +48,6 @@ def run(mode: str, seed: int, data: list) -> tuple[list[float], bool]:
     model = GPT(GPTConfig(vocab_size=50304, block_size=T, n_layer=12, n_head=12, n_embd=768, dropout=0.0,
                           bias=True)).to("cuda")
     if mode.startswith("fp8"):
-        import engine.fp8
         engine.fp8.enable(model)
     opt = engine.optim.AdamW(model.optimizer_groups(0.1), lr=LR, betas=(0.9, 0.95))
 
