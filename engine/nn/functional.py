@@ -147,7 +147,7 @@ def _check_targets_in_range(op: str, targets: Tensor, V: int, ignore_index: int)
 
 
 def linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = -100,
-                         reduction: str = "mean") -> Tensor:
+                         reduction: str = "mean", fp8=None) -> Tensor:
     """cross_entropy(linear(x, weight), targets, ...) as one op that never keeps the logits: a language
     model's classifier. x (..., C), weight (V, C), targets (...) int64 -> loss () float32.
 
@@ -156,7 +156,8 @@ def linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, ignore_inde
     also computes the gradients of x and weight (those that require grad) and drops the (N, V)
     logits, so peak memory is the logits once and nothing of size N x V is kept for the backward.
     Under autocast x and weight run in bf16 (a float32 weight's gradient comes out in float32, as in
-    F.linear); the loss and the softmax statistics stay float32."""
+    F.linear); the loss and the softmax statistics stay float32. fp8 (the head's engine.fp8.Fp8State,
+    under bf16 autocast with a float32 weight): the logits' GEMM and dx's in FP8, as F.linear's."""
     if weight.ndim != 2 or x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear_cross_entropy: x (..., C) and weight (V, C) do not fit: x {x.shape}, "
                          f"weight {weight.shape}")
@@ -173,7 +174,8 @@ def linear_cross_entropy(x: Tensor, weight: Tensor, targets: Tensor, ignore_inde
     grad = is_grad_enabled()
     return _LinearCrossEntropy.apply(x.reshape(-1, x.shape[-1]), weight, targets.reshape(-1),
                                      ignore_index=int(ignore_index), reduction=reduction, compute_dtype=dt,
-                                     need_dx=grad and x.requires_grad, need_dweight=grad and weight.requires_grad)
+                                     need_dx=grad and x.requires_grad, need_dweight=grad and weight.requires_grad,
+                                     fp8=fp8 if dt is dtypes.bfloat16 else None)
 
 
 def embedding(idx: Tensor, weight: Tensor) -> Tensor:

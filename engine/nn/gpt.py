@@ -97,7 +97,7 @@ class GPT(Module):
             hidden = self._hidden(idx)  # (B, T, C)
             if targets is not None and not return_logits:
                 loss = F.linear_cross_entropy(hidden.reshape(-1, hidden.shape[-1]), self.lm_head.weight,
-                                              targets.reshape(-1), ignore_index=-1)
+                                              targets.reshape(-1), ignore_index=-1, fp8=self.lm_head.fp8)
                 return None, loss
             logits = self.lm_head(hidden)  # (B, T, V)
         loss = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..autocast import weight_cast
 from ..autograd import Function
+from ..dtypes import bfloat16
 
 
 class LinearCrossEntropy(Function):
@@ -20,21 +21,31 @@ class LinearCrossEntropy(Function):
     need_dx / need_dweight: which gradients to make in the forward (the caller knows which inputs
     require grad); with neither, only the losses are computed. compute_dtype (autocast's bf16, or
     None): x is of it already and weight is a float32 master weight, cast here for the GEMMs, whose
-    gradient comes out of its GEMM in float32 (as Linear's)."""
+    gradient comes out of its GEMM in float32 (as Linear's).
+
+    fp8 (an engine.fp8.Fp8State, bf16 x only): the logits' GEMM in FP8 (x and weight in E4M3, scaled as
+    F.linear's), and dx's on the gradient's E5M2 codes, which the cross-entropy kernel writes beside the
+    bf16 gradient with a fixed scale (|softmax - onehot| <= 1); dweight stays a bf16 GEMM."""
 
     def forward(self, x, weight, targets, ignore_index: int = -100, reduction: str = "mean",
-                compute_dtype=None, need_dx: bool = False, need_dweight: bool = False):
+                compute_dtype=None, need_dx: bool = False, need_dweight: bool = False, fp8=None):
         be = self.be
         weight_dtype = be.dtype_of(weight)
         if compute_dtype is not None and weight_dtype is not compute_dtype:
             weight = weight_cast(be, weight, compute_dtype)  # (V, C): the model's one cast of its weights, or now
-        logits = be.matmul(x, weight, transpose_b=True)  # (N, C) @ (C, V) -> (N, V)
+        res = self._logits_fp8(fp8, x, weight, need_dx) if fp8 is not None and be.dtype_of(x) is bfloat16 else None
+        logits, w_t, w_inv = res if res is not None else (be.matmul(x, weight, transpose_b=True), None, None)  # (N, V)
         self.dx = self.dweight = None
         if need_dx or need_dweight:
-            losses = be.cross_entropy_with_grad_(logits, targets, ignore_index)  # logits (N, V) -> dlogits, in place
+            codes = None
+            if w_t is not None:  # logits (N, V) -> dlogits in place, and its E5M2 codes (N, V)
+                losses, codes, codes_inv = be.cross_entropy_with_grad_fp8_(logits, targets, ignore_index)
+            else:
+                losses = be.cross_entropy_with_grad_(logits, targets, ignore_index)  # logits (N, V) -> dlogits
             dlogits = logits
-            if need_dx:
-                self.dx = be.matmul(dlogits, weight)  # (N, V) @ (V, C) -> (N, C)
+            if need_dx:  # (N, V) @ (V, C) -> (N, C)
+                dx = be.matmul_fp8(codes, "e5m2", codes_inv, w_t, "e4m3", w_inv) if codes is not None else None
+                self.dx = dx[0] if dx is not None else be.matmul(dlogits, weight)
             if need_dweight:
                 self.dweight = be.weight_grad(dlogits, x, weight_dtype)  # (V, N) @ (N, C) -> (V, C)
             del dlogits
@@ -48,6 +59,17 @@ class LinearCrossEntropy(Function):
         # rows kept, counted on the device (no host sync); float32 (float64 for float64 inputs), as the loss
         self.kept = be.sum(be.astype(be.binary("ne", targets, ignore_index), be.dtype_of(losses)), (0,), False)
         return be.binary("div", total, self.kept)
+
+    def _logits_fp8(self, state, x, weight, need_dx):
+        """(logits (N, V) bf16 through the FP8 GEMM, the E4M3 transposed weight (C, V) for dx or None, its
+        inverse scale), or None where the backend has no FP8 GEMM for it."""
+        be = self.be
+        x_meta, x_current = state.meta(be, "x", x)
+        w_meta, w_current = state.meta(be, "w", weight)
+        x8, _, x_inv = be.fp8_cast(x, "e4m3", x_meta, x_current)  # (N, C)
+        w8, w_t, w_inv = be.fp8_cast(weight, "e4m3", w_meta, w_current, transpose=need_dx)  # (V, C), (C, V)
+        res = be.matmul_fp8(x8, "e4m3", x_inv, w8, "e4m3", w_inv, fast_accum=True)
+        return None if res is None else (res[0], w_t, w_inv)
 
     def backward(self, g):
         be = self.be

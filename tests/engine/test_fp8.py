@@ -8,7 +8,8 @@ stays NaN. Delayed scaling is checked step by step (the first cast's own amax, t
 16-cast history). The FP8 GEMM within bf16's rounding of the float64 product of the dequantised
 operands; a linear layer in FP8 within FP8's precision of bf16 (4e-2 of the norm through E4M3, 8e-2
 through E5M2), its weight
-gradient bit for bit bf16's (it is the same bf16 GEMM); a small GPT trained in FP8 ends within 2% of
+gradient bit for bit bf16's (it is the same bf16 GEMM); the classifier's gradient cast at its fixed
+scale, and F.linear_cross_entropy in FP8 within FP8's precision of bf16; a small GPT trained in FP8 ends within 2% of
 the way bf16's loss came down (from ln V, a uniform guess).
 """
 from __future__ import annotations
@@ -161,6 +162,39 @@ def test_an_fp8_linear_layer_is_bf16_within_fp8_precision(activation):
     if activation is None:  # dw = dy^T x is the bf16 GEMM on the same x and dy
         np.testing.assert_array_equal(dw8, dw)
         np.testing.assert_array_equal(db8, db)
+
+
+def test_the_classifier_gradient_is_cast_to_e5m2_at_its_fixed_scale():
+    logits = (rng.standard_normal((6, 40)) * 3).astype(ml_dtypes.bfloat16)
+    targets = np.array([0, 5, -1, 39, 7, 7])
+    losses, codes, inv = c8.cross_entropy_with_grad_fp8_(logits, targets, -1)  # logits -> dlogits, in place
+    np.testing.assert_array_equal(codes, cast_unscaled(logits.astype(np.float32) * 32768.0, "e5m2"))
+    assert inv[0] == 2.0 ** -15 and losses[2] == 0 and (codes[2] == 0).all()
+    back = c8.fp8_values(codes, "e5m2") * inv[0]
+    np.testing.assert_allclose(back, logits.astype(np.float32), rtol=2 ** -3, atol=2 ** -31)
+
+
+@pytest.mark.parametrize("need", [(True, True), (True, False), (False, True)])
+def test_the_classifier_in_fp8_is_bf16_within_fp8_precision(need):
+    x = rng.standard_normal((40, 64)).astype(np.float32)
+    w = (rng.standard_normal((96, 64)) * 0.2).astype(np.float32)
+    targets = engine.tensor(rng.integers(0, 96, 40))
+    results = []
+    for fp8 in (engine.fp8.Fp8State(), None):
+        xt, wt = engine.tensor(x, requires_grad=need[0]), engine.tensor(w, requires_grad=need[1])
+        with engine.autocast("cpu"):
+            loss = F.linear_cross_entropy(xt.type(engine.bfloat16), wt, targets, fp8=fp8)
+        loss.backward()
+        results.append([loss.item()] + [t.grad.float().numpy() if t.grad is not None else None for t in (xt, wt)])
+        if fp8 is not None:
+            assert set(key[0] for key in fp8._metas) == {"x", "w"}
+    (l8, dx8, dw8), (l, dx, dw) = results
+    assert abs(l8 - l) < 1e-2 * l
+    for got, want, what in [(dx8, dx, "dx"), (dw8, dw, "dw")]:
+        assert (got is None) == (want is None), what
+        if want is not None:
+            err = np.linalg.norm(got - want) / np.linalg.norm(want)
+            assert err < 8e-2, f"{what}: off by {err:.3g} of its norm"
 
 
 def test_enable_reaches_every_linear_layer_and_the_state_is_neither_saved_nor_shared():

@@ -33,11 +33,16 @@ void bind_softmax(py::module_& m) {
         cross_entropy_backward_dt(device, dtype, P(dlogits), P(logits), P<const int64_t>(targets), P<const float>(lse),
                                   P<const float>(g), N, V, ignore_index);
     });
-    m.def("cross_entropy_with_grad_dt", [](int device, int dtype, addr losses, addr logits, addr targets, int64_t N,
-                                           int64_t V, int64_t ignore_index) {
-        cross_entropy_with_grad_dt(device, dtype, P<float>(losses), P(logits), P<const int64_t>(targets), N, V,
-                                   ignore_index);
-    });
+    m.def(
+        "cross_entropy_with_grad_dt",
+        [](int device, int dtype, addr losses, addr logits, addr targets, int64_t N, int64_t V, int64_t ignore_index,
+           addr dlogits8) {
+            cross_entropy_with_grad_dt(device, dtype, P<float>(losses), P(logits), P<const int64_t>(targets), N, V,
+                                       ignore_index, P(dlogits8));
+        },
+        py::arg("device"), py::arg("dtype"), py::arg("losses"), py::arg("logits"), py::arg("targets"), py::arg("N"),
+        py::arg("V"), py::arg("ignore_index"), py::arg("dlogits8") = 0);  // 0: no FP8 copy
+    m.attr("dlogits_fp8_scale") = kDlogitsFp8Scale;
     m.def("scale_dt", [](int device, int dtype, addr out, addr x, addr factor, int64_t n) {
         scale_dt(device, dtype, P(out), P(x), P<const float>(factor), n);
     });

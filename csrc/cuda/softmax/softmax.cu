@@ -4,6 +4,7 @@
 // written over the logits; and a scale by a device scalar for its backward.
 #include <type_traits>
 
+#include "fp8/fp8.cuh"
 #include "runtime/common.cuh"
 #include "softmax/softmax.h"
 
@@ -124,10 +125,10 @@ __device__ __forceinline__ MaxSum row_max_sum(const T* xr, int64_t V) {
 
 // d (V,) = (exp(x - lse) - onehot(t)) * scale. d may be x itself: each element is read, then written,
 // by the same thread. The thread that reads x[t] (none when t is out of range) gets it in x_target
-// and true back.
+// and true back. With d8 (bf16 only), d's E5M2 codes too: fp8(d * kDlogitsFp8Scale) of the stored values.
 template <typename T, bool VEC>
 __device__ __forceinline__ bool write_softmax_minus_onehot(T* d, const T* xr, int64_t t, float lse, float scale,
-                                                           int64_t V, float& x_target) {
+                                                           int64_t V, float& x_target, uint8_t* d8 = nullptr) {
     bool saw_target = false;
     if constexpr (VEC) {
         constexpr int W = kVec<T>;
@@ -147,26 +148,43 @@ __device__ __forceinline__ bool write_softmax_minus_onehot(T* d, const T* xr, in
                 const float e = std::is_same_v<T, float> ? expf(f[i] - lse) : ex2(fmaf(f[i], kLog2e, -lse2));
                 f[i] = (e - (hit ? 1.f : 0.f)) * scale;
             }
-            dv[c] = pack(f);
+            const uint4 packed = pack(f);
+            dv[c] = packed;
+            if constexpr (W == 8) {
+                if (d8 != nullptr) {  // the codes of the bf16 values just stored
+                    unpack(f, packed);
+                    uint32_t q[2];
+#pragma unroll
+                    for (int i = 0; i < W; i += 4)
+                        q[i / 4] = fp8::to_fp8x2<FP8_E5M2>(f[i] * kDlogitsFp8Scale, f[i + 1] * kDlogitsFp8Scale) |
+                                   (uint32_t)fp8::to_fp8x2<FP8_E5M2>(f[i + 2] * kDlogitsFp8Scale,
+                                                                     f[i + 3] * kDlogitsFp8Scale) << 16;
+                    reinterpret_cast<uint2*>(d8)[c] = make_uint2(q[0], q[1]);
+                }
+            }
         }
     } else {
         for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
             float x = ldf(xr, j);
             if (j == t) x_target = x, saw_target = true;
-            d[j] = (T)((expf(x - lse) - (j == t ? 1.f : 0.f)) * scale);
+            const T v = (T)((expf(x - lse) - (j == t ? 1.f : 0.f)) * scale);
+            d[j] = v;
+            if (d8 != nullptr) d8[j] = fp8::to_fp8<FP8_E5M2>((float)v * kDlogitsFp8Scale);
         }
     }
     return saw_target;
 }
 
 template <typename T, bool VEC>
-__device__ __forceinline__ void zero_row(T* d, int64_t V) {
+__device__ __forceinline__ void zero_row(T* d, int64_t V, uint8_t* d8 = nullptr) {
     if constexpr (VEC) {
         uint4* dv = reinterpret_cast<uint4*>(d);
         for (int64_t c = threadIdx.x; c < V / kVec<T>; c += blockDim.x) dv[c] = make_uint4(0u, 0u, 0u, 0u);
     } else {
         for (int64_t j = threadIdx.x; j < V; j += blockDim.x) d[j] = (T)0.f;
     }
+    if (d8 != nullptr)
+        for (int64_t j = threadIdx.x; j < V; j += blockDim.x) d8[j] = 0;
 }
 
 // logits (N, V), targets (N,) -> losses (N,) (0 where ignored), lse (N,); logits float or bf16.
@@ -209,12 +227,14 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
 // The loss (lse - x[t]) comes from the thread that reads x[t] in pass 2, before it overwrites it.
 template <typename T, bool VEC>
 __global__ void cross_entropy_with_grad_kernel(float* __restrict__ losses, T* logits,
-                                               const int64_t* __restrict__ targets, int64_t V, int64_t ignore_index) {
+                                               const int64_t* __restrict__ targets, int64_t V, int64_t ignore_index,
+                                               uint8_t* __restrict__ dlogits8) {
     int64_t row = blockIdx.x;
     T* xr = logits + row * V;
+    uint8_t* d8 = dlogits8 != nullptr ? dlogits8 + row * V : nullptr;
     int64_t t = targets[row];  // the same for the whole block: no thread skips a barrier below
     if (t == ignore_index) {
-        zero_row<T, VEC>(xr, V);
+        zero_row<T, VEC>(xr, V, d8);
         if (threadIdx.x == 0) losses[row] = 0.f;
         return;
     }
@@ -223,7 +243,7 @@ __global__ void cross_entropy_with_grad_kernel(float* __restrict__ losses, T* lo
     float lse = ms.m + logf(ms.s);
     if (threadIdx.x == 0 && (t < 0 || t >= V)) losses[row] = NAN;  // out-of-range target: visible, no host sync
     float x_target;
-    if (write_softmax_minus_onehot<T, VEC>(xr, xr, t, lse, 1.f, V, x_target)) losses[row] = lse - x_target;
+    if (write_softmax_minus_onehot<T, VEC>(xr, xr, t, lse, 1.f, V, x_target, d8)) losses[row] = lse - x_target;
 }
 
 // out (n,) = x (n,) * factor[0] with float32 arithmetic, x and out of T (they may be one buffer).
@@ -295,16 +315,16 @@ void ce_backward(int device, T* dlogits, const T* logits, const int64_t* targets
 
 template <typename T>
 void ce_with_grad(int device, float* losses, T* logits, const int64_t* targets, int64_t N, int64_t V,
-                  int64_t ignore_index) {
+                  int64_t ignore_index, uint8_t* dlogits8) {
     if (N == 0) return;
     use_device(device);
     cudaStream_t st = stream(device);
-    if (vectorizable<T>(logits, logits, V))
+    if (vectorizable<T>(logits, logits, V) && reinterpret_cast<std::uintptr_t>(dlogits8) % 8 == 0)
         cross_entropy_with_grad_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(losses, logits, targets, V,
-                                                                                       ignore_index);
+                                                                                       ignore_index, dlogits8);
     else
         cross_entropy_with_grad_kernel<T, false><<<(unsigned)N, threads_for(V), 0, st>>>(losses, logits, targets, V,
-                                                                                        ignore_index);
+                                                                                        ignore_index, dlogits8);
     check_launch("cross_entropy_with_grad_");
 }
 
@@ -363,10 +383,13 @@ void cross_entropy_backward_dt(int device, int dtype, void* dlogits, const void*
 }
 
 void cross_entropy_with_grad_dt(int device, int dtype, float* losses, void* logits, const int64_t* targets, int64_t N,
-                                int64_t V, int64_t ignore_index) {
-    if (dtype == F32) return ce_with_grad<float>(device, losses, (float*)logits, targets, N, V, ignore_index);
+                                int64_t V, int64_t ignore_index, void* dlogits8) {
+    if (dlogits8 != nullptr && dtype != BF16)
+        throw std::runtime_error("engine op 'cross_entropy_with_grad_': the FP8 copy needs bfloat16 logits");
+    if (dtype == F32) return ce_with_grad<float>(device, losses, (float*)logits, targets, N, V, ignore_index, nullptr);
     if (dtype != BF16) unsupported("cross_entropy_with_grad_", dtype);
-    ce_with_grad<__nv_bfloat16>(device, losses, (__nv_bfloat16*)logits, targets, N, V, ignore_index);
+    ce_with_grad<__nv_bfloat16>(device, losses, (__nv_bfloat16*)logits, targets, N, V, ignore_index,
+                                (uint8_t*)dlogits8);
 }
 
 void scale_dt(int device, int dtype, void* out, const void* x, const float* factor, int64_t n) {

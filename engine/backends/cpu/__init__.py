@@ -27,7 +27,7 @@ from .creation import (Array, arange, astype, astype_many, contiguous, copy_, dr
 from .dlpack import from_dlpack, to_dlpack
 from .elementwise import binary, gelu_backward, relu_backward, scale, unary, where
 from .malloc import keep_freed_arrays_in_the_heap
-from .fp8 import fp8_cast, fp8_meta, matmul_fp8
+from .fp8 import cross_entropy_with_grad_fp8_, fp8_cast, fp8_meta, matmul_fp8
 from .matmul import linear, linear_backward, matmul, weight_grad
 from .movement import broadcast_to, concat, getitem, getitem_backward, permute, reshape
 from .nn import (add_layer_norm, cross_entropy, cross_entropy_backward, cross_entropy_with_grad_, embedding,

@@ -14,8 +14,10 @@ import numpy as np
 
 from .bf16 import BF16, narrow, widen
 from .elementwise import _gelu
+from .nn import cross_entropy_with_grad_
 
 META_WORDS, HISTORY = 20, 16
+DLOGITS_SCALE = 32768.0  # the classifier gradient's fixed E5M2 scale (|softmax - onehot| <= 1): 2^15
 FORMATS = {"e4m3": (ml_dtypes.float8_e4m3fn, 448.0), "e5m2": (ml_dtypes.float8_e5m2, 57344.0)}
 
 
@@ -47,6 +49,15 @@ def fp8_cast(x: np.ndarray, fmt: str, meta: np.ndarray, current: bool, transpose
     if history.max() > 0:
         meta[0] = np.float32(fmax) / history.max()
     return q, (np.ascontiguousarray(q.T) if transpose else None), inv_scale
+
+
+def cross_entropy_with_grad_fp8_(logits: np.ndarray, targets: np.ndarray, ignore_index: int):
+    """nn.cross_entropy_with_grad_ (logits (N, V) bf16 overwritten by softmax - onehot(target)) and that
+    gradient's E5M2 codes, fixed-scaled by DLOGITS_SCALE: -> (losses (N,), codes (N, V) uint8,
+    inv_scale (1,) float32) for the FP8 classifier's input-gradient GEMM."""
+    losses = cross_entropy_with_grad_(logits, targets, ignore_index)
+    codes = (widen(logits).astype(np.float32) * np.float32(DLOGITS_SCALE)).astype(FORMATS["e5m2"][0]).view(np.uint8)
+    return losses, codes, np.array([1.0 / DLOGITS_SCALE], np.float32)
 
 
 def fp8_values(q: np.ndarray, fmt: str) -> np.ndarray:

@@ -24,7 +24,7 @@ from .attention import (attention, attention_backward, attention_dropout_mask, a
 from .creation import (arange, astype, astype_many, contiguous, copy_, copy_from_numpy_, device_copy, dtype_of,
                        from_numpy, full, to_numpy)
 from .elementwise import binary, gelu_backward, relu_backward, scale, unary, where
-from .fp8 import fp8_cast, fp8_meta, matmul_fp8
+from .fp8 import cross_entropy_with_grad_fp8_, fp8_cast, fp8_meta, matmul_fp8
 from .matmul import _bias_grad, linear, linear_backward, matmul, weight_grad
 from .movement import broadcast_to, concat, getitem, getitem_backward, permute, reshape
 from .nn import (add_layer_norm, cross_entropy, cross_entropy_backward, cross_entropy_with_grad_, embedding,

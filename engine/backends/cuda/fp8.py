@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...dtypes import bfloat16, float32, uint8
+from ...dtypes import bfloat16, float32, int64, uint8
 from ..._native import native
 from .arrays import _CODE, CudaArray, _empty, _same_device
-from .creation import from_numpy
+from .creation import astype, from_numpy, full
 from .elementwise import unary
 
 META_WORDS, HISTORY = 20, 16
+DLOGITS_SCALE = 32768.0  # csrc/cuda/softmax/softmax.h's kDlogitsFp8Scale
 _FORMAT = {"e4m3": 0, "e5m2": 1}
 _EPI_NONE, _EPI_BIAS, _EPI_GELU_BIAS, _EPI_GELU = 0, 1, 2, 4
 
@@ -39,6 +40,21 @@ def fp8_cast(x: CudaArray, fmt: str, meta: CudaArray, current: bool, transpose: 
     native.fp8_cast(dev, _CODE[x.dtype], _FORMAT[fmt], q.ptr, q_t.ptr if transpose else 0, inv_scale.ptr, meta.ptr,
                     x.ptr, rows, cols, bool(current))
     return q, q_t, inv_scale
+
+
+def cross_entropy_with_grad_fp8_(logits: CudaArray, targets: CudaArray, ignore_index: int):
+    """nn.cross_entropy_with_grad_ on bf16 logits (overwritten by softmax - onehot(target)) writing that
+    gradient's E5M2 codes too, fixed-scaled by DLOGITS_SCALE, in the same kernel: -> (losses (N,), codes
+    (N, V) uint8, inv_scale (1,) float32), as cpu/fp8.py."""
+    if logits.dtype is not bfloat16:
+        raise TypeError(f"cross_entropy_with_grad_fp8_: bfloat16 logits, got {logits.dtype.name}")
+    if targets.dtype is not int64:
+        targets = astype(targets, int64)
+    N, V = logits.shape
+    losses, codes = _empty((N,), float32, logits.device), _empty((N, V), uint8, logits.device)
+    native.cross_entropy_with_grad_dt(logits.device, _CODE[logits.dtype], losses.ptr, logits.ptr, targets.ptr, N, V,
+                                      int(ignore_index), dlogits8=codes.ptr)
+    return losses, codes, full((1,), 1.0 / DLOGITS_SCALE, float32, logits.device)
 
 
 def matmul_fp8(a: CudaArray, a_fmt: str, a_inv: CudaArray, b: CudaArray, b_fmt: str, b_inv: CudaArray,
