@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..autocast import weight_cast
 from ..dtypes import bfloat16
-from ..autograd import Function
+from ..autograd import Function, is_grad_enabled
 from .elementwise import unbroadcast
 
 
@@ -33,8 +33,10 @@ class Linear(Function):
     too (O values: cuBLASLt's bias epilogue takes no float32 bias beside a bf16 output); the backward
     writes dw and db in w's dtype directly, so no cast of their gradients runs.
 
-    fp8 (an engine.fp8.Fp8State, under bf16 compute only): the forward and dx GEMMs in FP8 (x and w cast
-    to E4M3, the gradient to E5M2, each scaled by its meta), dw in bf16 as without it."""
+    fp8 (an engine.fp8.Fp8State, under bf16 compute only): the GEMMs in FP8, x and w cast to E4M3 and the
+    gradient to E5M2, each scaled by its meta: the forward, dx, and (without an activation) dw on the
+    transposed copies of x and the gradient; with GELU dw stays bf16, on the dpre the GELU backward
+    writes (its E5M2 copy, fused into that kernel, has no transpose)."""
 
     def forward(self, x, w, b=None, activation=None, compute_dtype=None, fp8=None):
         be = self.be
@@ -58,11 +60,13 @@ class Linear(Function):
         be = self.be
         x_meta, x_current = state.meta(be, "x", self.x2)
         w_meta, w_current = state.meta(be, "w", self.w)
-        x8, _, x_inv = be.fp8_cast(self.x2, "e4m3", x_meta, x_current)  # (N, I)
-        w8, w_t, w_inv = be.fp8_cast(self.w, "e4m3", w_meta, w_current, transpose=True)  # (O, I), (I, O)
+        grads = is_grad_enabled()
+        x_transposed = grads and self.activation is None  # x^T (I, N) for dw in FP8
+        x8, x_t, x_inv = be.fp8_cast(self.x2, "e4m3", x_meta, x_current, transpose=x_transposed)  # (N, I)
+        w8, w_t, w_inv = be.fp8_cast(self.w, "e4m3", w_meta, w_current, transpose=grads)  # (O, I), (I, O)
         res = be.matmul_fp8(x8, "e4m3", x_inv, w8, "e4m3", w_inv, b, self.activation, fast_accum=True)
-        if res is not None:
-            self.fp8 = (state, w_t, w_inv)
+        if res is not None and grads:
+            self.fp8 = (state, w_t, w_inv, x_t, x_inv)
         return res
 
     def backward(self, g):
@@ -70,9 +74,9 @@ class Linear(Function):
         g2 = be.reshape(g, (-1, g.shape[-1]))  # (N, O)
         need = tuple(self.needs_input_grad) + (False,) * (3 - len(self.needs_input_grad))
         fp8 = None
-        if self.fp8 is not None and need[0]:
-            state, w_t, w_inv = self.fp8
-            fp8 = (w_t, w_inv) + state.meta(be, "grad", g2)
+        if self.fp8 is not None and (need[0] or need[1]):
+            state, w_t, w_inv, x_t, x_inv = self.fp8
+            fp8 = (w_t, w_inv) + state.meta(be, "grad", g2) + (x_t, x_inv)
         gx, gw, gb = be.linear_backward(g2, self.x2, self.w, self.pre, self.activation, need,
                                         param_dtype=self.param_dtype, fp8=fp8)
         if gx is not None:

@@ -115,6 +115,10 @@ def test_the_fp8_gemm_matches_the_reference(formats, epilogue, fast_accum):
         assert pre is None
     with pytest.raises(ValueError, match="E4M3"):
         gpu.matmul_fp8(d[0], "e5m2", d[1], d[0], "e5m2", d[1])
+    if epilogue is None:  # the weight gradient's form: float32 out, not rounded
+        got32, _ = gpu.matmul_fp8(d[0], fa, d[1], d[2], fb, d[3], out_dtype=engine.float32, fast_accum=fast_accum)
+        want32, _ = c8.matmul_fp8(a, fa, ia, b, fb, ib, out_dtype=engine.float32)
+        np.testing.assert_allclose(gpu.to_numpy(got32), want32, rtol=1e-4, atol=1e-3 * np.abs(want32).max())
 
 
 @needs_fp8

@@ -30,13 +30,13 @@ void bind_matmul(py::module_& m) {
     m.def(
         "matmul_fp8",
         [](int device, int epilogue, addr c, addr a, addr b, int a_format, int b_format, addr a_inv_scale,
-           addr b_inv_scale, int64_t M, int64_t N, int64_t K, addr bias, addr aux, bool fast_accum) {
+           addr b_inv_scale, int64_t M, int64_t N, int64_t K, addr bias, addr aux, bool fast_accum, int out_dtype) {
             return matmul_fp8(device, epilogue, P(c), P(a), P(b), a_format, b_format, P<float>(a_inv_scale),
-                              P<float>(b_inv_scale), M, N, K, P(bias), P(aux), fast_accum);
+                              P<float>(b_inv_scale), M, N, K, P(bias), P(aux), fast_accum, out_dtype);
         },
         py::arg("device"), py::arg("epilogue"), py::arg("c"), py::arg("a"), py::arg("b"), py::arg("a_format"),
         py::arg("b_format"), py::arg("a_inv_scale"), py::arg("b_inv_scale"), py::arg("M"), py::arg("N"), py::arg("K"),
-        py::arg("bias"), py::arg("aux"), py::arg("fast_accum"));
+        py::arg("bias"), py::arg("aux"), py::arg("fast_accum"), py::arg("out_dtype") = -1);  // -1: bfloat16
     m.def("set_allow_tf32", &set_allow_tf32);
     m.def("allow_tf32", &allow_tf32);
     m.def(

@@ -284,7 +284,12 @@ bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a
 
 bool matmul_fp8(int device, int epilogue, void* c, const void* a, const void* b, int a_format, int b_format,
                 const float* a_inv_scale, const float* b_inv_scale, int64_t M, int64_t N, int64_t K, void* bias,
-                void* aux, bool fast_accum) {
+                void* aux, bool fast_accum, int out_dtype) {
+    if (out_dtype < 0) out_dtype = BF16;
+    if (out_dtype != BF16 && out_dtype != F32)
+        throw std::invalid_argument("engine op 'matmul_fp8': out_dtype must be bfloat16 or float32");
+    if (out_dtype == F32 && epilogue != EPI_NONE)
+        throw std::invalid_argument("engine op 'matmul_fp8': a float32 result takes no epilogue");
     auto code = [](int format) {
         if (format != 0 && format != 1)
             throw std::invalid_argument("engine op 'matmul_fp8': format must be 0 (E4M3) or 1 (E5M2)");
@@ -300,7 +305,7 @@ bool matmul_fp8(int device, int epilogue, void* c, const void* a, const void* b,
     std::lock_guard<std::mutex> lock(g_mutex);
     DeviceLt& d = lt(device);
     // both operands K-major (Hopper's FP8 GEMM takes no other layout): a (M, K), b (N, K) transposed
-    const Plan& p = plan_for(d, ta, BF16, epilogue, c, a, b, 1, M, N, K, false, true, 0, 0, 0, tb, fast_accum);
+    const Plan& p = plan_for(d, ta, out_dtype, epilogue, c, a, b, 1, M, N, K, false, true, 0, 0, 0, tb, fast_accum);
     if (!p.found) return false;
     // cuBLAS's A is our b (the header comment), so its A scale is b's
     check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_inv_scale,

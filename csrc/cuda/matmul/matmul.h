@@ -28,9 +28,10 @@ bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a
 // float32 each on the device (what fp8_cast wrote). fast_accum: cuBLASLt's faster, less exact
 // accumulation (the forward's choice; gradients take the exact one). False, doing nothing, where
 // cuBLASLt offers no algorithm (another GPU, another shape): the caller runs the GEMM in bf16.
+// out_dtype -1 (bf16) or F32 (with no epilogue: the weight gradient of a float32 master weight).
 bool matmul_fp8(int device, int epilogue, void* c, const void* a, const void* b, int a_format, int b_format,
                 const float* a_inv_scale, const float* b_inv_scale, int64_t M, int64_t N, int64_t K, void* bias,
-                void* aux, bool fast_accum);
+                void* aux, bool fast_accum, int out_dtype = -1);
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from ...dtypes import bfloat16 as BF16_DTYPE, float32
 from .bf16 import BF16, narrow, widen
 from .elementwise import _gelu
 from .nn import cross_entropy_with_grad_
@@ -66,14 +67,19 @@ def fp8_values(q: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def matmul_fp8(a: np.ndarray, a_fmt: str, a_inv: np.ndarray, b: np.ndarray, b_fmt: str, b_inv: np.ndarray,
-               bias=None, activation: str | None = None, fast_accum: bool = False):
+               bias=None, activation: str | None = None, fast_accum: bool = False, out_dtype=BF16_DTYPE):
     """(out (M, N) bf16, pre (M, N) bf16 or None) with out = act(deq(a) (M, K) @ deq(b) (N, K)^T + bias),
     deq(q) = q's values * its inverse scale; float32 sums, bias and GELU in float32, each output rounded
-    once to bf16 (the GPU's epilogue). fast_accum is the GPU's choice of accumulation: the same here."""
+    once to bf16 (the GPU's epilogue). out_dtype float32 (no bias, no activation): not rounded, a weight
+    gradient in float32. fast_accum is the GPU's choice of accumulation: the same here."""
+    if out_dtype is not BF16_DTYPE and (out_dtype is not float32 or bias is not None or activation is not None):
+        raise ValueError("matmul_fp8: out_dtype is bfloat16, or float32 with no bias and no activation")
     if a_fmt == "e5m2" and b_fmt == "e5m2":
         raise ValueError("matmul_fp8: E5M2 x E5M2 is not a GEMM Hopper offers; one operand must be E4M3")
     acc = fp8_values(a, a_fmt) @ fp8_values(b, b_fmt).T
     pre = acc * (a_inv[0] * b_inv[0])
+    if out_dtype is float32:
+        return pre.astype(np.float32), None
     if bias is not None:
         pre = pre + widen(bias)
     if activation is None:
@@ -83,8 +89,13 @@ def matmul_fp8(a: np.ndarray, a_fmt: str, a_inv: np.ndarray, b: np.ndarray, b_fm
     return narrow(_gelu(pre), BF16), narrow(pre, BF16)
 
 
-def dx_fp8(grad: np.ndarray, w_t: np.ndarray, w_inv: np.ndarray, meta: np.ndarray, current: bool):
-    """The input gradient of an FP8 linear layer: dx (N, I) bf16 = grad (N, O) @ w, through grad cast to
-    E5M2 (with `meta`) and w_t (I, O), the E4M3 transposed weight the forward cast."""
-    g8, _, g_inv = fp8_cast(grad, "e5m2", meta, current)
-    return matmul_fp8(g8, "e5m2", g_inv, w_t, "e4m3", w_inv)[0]
+def linear_grads_fp8(grad: np.ndarray, fp8: tuple, need_dx: bool, need_dw: bool, dw_dtype, cast=None):
+    """An FP8 linear layer's GEMM gradients -> (dx (N, I) bf16 or None, dw (O, I) of dw_dtype or None),
+    as the CUDA backend's: fp8 = (w_t, w_inv, meta, current, x_t, x_inv); grad (N, O) bf16 cast to E5M2
+    with meta (and transposed, for dw = grad^T x where x_t is kept); dw None without x_t."""
+    w_t, w_inv, meta, current, x_t, x_inv = fp8
+    want_dw = need_dw and x_t is not None and cast is None
+    g8, g8_t, g_inv = fp8_cast(grad, "e5m2", meta, current, transpose=want_dw)
+    dx = matmul_fp8(g8, "e5m2", g_inv, w_t, "e4m3", w_inv)[0] if need_dx else None
+    dw = matmul_fp8(g8_t, "e5m2", g_inv, x_t, "e4m3", x_inv, out_dtype=dw_dtype)[0] if want_dw else None
+    return dx, dw

@@ -9,7 +9,7 @@ from ...dtypes import DType
 from .bf16 import any_bf16, narrow, widen
 from .creation import Array, astype, dtype_of
 from .elementwise import _gelu, gelu_backward
-from .fp8 import dx_fp8
+from .fp8 import linear_grads_fp8
 
 
 def matmul(a: Array, b: Array, transpose_a: bool = False, transpose_b: bool = False) -> Array:
@@ -48,15 +48,19 @@ def linear_backward(grad: Array, x: Array, w: Array, pre, activation: str | None
     """grad (N, O) of linear's out -> dx (N, I), dw (O, I), db (O,); None where `need` (x, w, b) is False.
     dw and db in param_dtype (None: x's), as the CUDA backend; for bf16 x float32 sums throughout, dx
     rounded to bf16, dw and db rounded only if param_dtype is bf16 (float32 master weights get float32).
-    fp8 (an FP8 layer's (w_t, w_inv, grad meta, current)): dx through fp8.dx_fp8, as the CUDA backend."""
+    fp8 (an FP8 layer's operands): dx, and dw where x's transposed copy was kept, through
+    fp8.linear_grads_fp8, as the CUDA backend."""
     if any_bf16(grad, x, w, pre):
         pdt = param_dtype if param_dtype is not None else dtype_of(x)
         if activation is not None:  # d pre, rounded to bf16 as the CUDA kernel stores it for the GEMMs
             grad = gelu_backward(narrow(pre, x.dtype), narrow(grad, x.dtype))
-        fp8_dx = dx_fp8(narrow(grad, x.dtype), *fp8) if need[0] and fp8 is not None else None
-        need = (need[0] and fp8_dx is None,) + tuple(need[1:])
-        dx, dw, db = linear_backward(widen(grad), widen(x), widen(w), None, None, need, param_dtype=pdt)
-        return fp8_dx if fp8_dx is not None else (narrow(dx, x.dtype) if dx is not None else None), dw, db
+        fp8_dx = fp8_dw = None
+        if fp8 is not None and (need[0] or need[1]):
+            fp8_dx, fp8_dw = linear_grads_fp8(narrow(grad, x.dtype), fp8, need[0], need[1], pdt)
+        rest = (need[0] and fp8_dx is None, need[1] and fp8_dw is None, need[2])
+        dx, dw, db = linear_backward(widen(grad), widen(x), widen(w), None, None, rest, param_dtype=pdt)
+        dx = fp8_dx if fp8_dx is not None else (narrow(dx, x.dtype) if dx is not None else None)
+        return dx, (fp8_dw if fp8_dw is not None else dw), db
     if activation is not None:
         grad = gelu_backward(pre, grad)
     pdt = param_dtype if param_dtype is not None else dtype_of(x)

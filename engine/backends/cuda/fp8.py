@@ -58,23 +58,26 @@ def cross_entropy_with_grad_fp8_(logits: CudaArray, targets: CudaArray, ignore_i
 
 
 def matmul_fp8(a: CudaArray, a_fmt: str, a_inv: CudaArray, b: CudaArray, b_fmt: str, b_inv: CudaArray,
-               bias=None, activation: str | None = None, fast_accum: bool = False):
+               bias=None, activation: str | None = None, fast_accum: bool = False, out_dtype=bfloat16):
     """(out (M, N) bf16, pre (M, N) bf16 or None), out = act(deq(a) (M, K) @ deq(b) (N, K)^T + bias (N,)
-    bf16), as cpu/fp8.py; bias and GELU in cuBLASLt's epilogue. None where cuBLASLt has no FP8 GEMM for
-    it (a GPU before Hopper, a shape it refuses): the caller runs the GEMM in bf16."""
+    bf16), as cpu/fp8.py; bias and GELU in cuBLASLt's epilogue. out_dtype float32 (no bias, no
+    activation): a weight gradient in float32. None where cuBLASLt has no FP8 GEMM for it (a GPU before
+    Hopper, a shape it refuses): the caller runs the GEMM in bf16."""
     if activation not in (None, "gelu"):
         raise ValueError(f"matmul_fp8: unknown activation {activation!r} (only 'gelu')")
     if a_fmt == "e5m2" and b_fmt == "e5m2":
         raise ValueError("matmul_fp8: E5M2 x E5M2 is not a GEMM Hopper offers; one operand must be E4M3")
     dev = _same_device("matmul_fp8", a, b, a_inv, b_inv, *([bias] if bias is not None else []))
+    if out_dtype is not bfloat16 and (out_dtype is not float32 or bias is not None or activation is not None):
+        raise ValueError("matmul_fp8: out_dtype is bfloat16, or float32 with no bias and no activation")
     (M, K), N = a.shape, b.shape[0]
-    out = _empty((M, N), bfloat16, dev)
+    out = _empty((M, N), out_dtype, dev)
     pre = _empty((M, N), bfloat16, dev) if activation is not None else None
     epilogue = ((_EPI_GELU_BIAS if bias is not None else _EPI_GELU) if activation is not None
                 else (_EPI_BIAS if bias is not None else _EPI_NONE))
     if native.matmul_fp8(dev, epilogue, out.ptr, a.ptr, b.ptr, _FORMAT[a_fmt], _FORMAT[b_fmt], a_inv.ptr,
                          b_inv.ptr, M, N, K, bias.ptr if bias is not None else 0,
-                         pre.ptr if pre is not None else 0, bool(fast_accum)):
+                         pre.ptr if pre is not None else 0, bool(fast_accum), out_dtype=_CODE[out_dtype]):
         return out, pre
     if activation is not None:  # no GELU epilogue for it: the GEMM with its bias, then engine's GELU
         res = matmul_fp8(a, a_fmt, a_inv, b, b_fmt, b_inv, bias, None, fast_accum)
@@ -82,10 +85,19 @@ def matmul_fp8(a: CudaArray, a_fmt: str, a_inv: CudaArray, b: CudaArray, b_fmt: 
     return None
 
 
-def dx_fp8(grad: CudaArray, w_t: CudaArray, w_inv: CudaArray, meta: CudaArray, current: bool, cast=None):
-    """The input gradient of an FP8 linear layer: dx (N, I) bf16 = grad (N, O) @ w, through grad cast to
-    E5M2 (with `meta`; `cast`: its (codes, inverse scale) already made, by the GELU backward) and w_t
-    (I, O), the E4M3 transposed weight the forward cast; None where cuBLASLt has no such GEMM."""
-    g8, g_inv = cast if cast is not None else fp8_cast(grad, "e5m2", meta, current)[::2]
-    res = matmul_fp8(g8, "e5m2", g_inv, w_t, "e4m3", w_inv)
-    return None if res is None else res[0]
+def linear_grads_fp8(grad: CudaArray, fp8: tuple, need_dx: bool, need_dw: bool, dw_dtype, cast=None):
+    """An FP8 linear layer's GEMM gradients -> (dx (N, I) bf16 or None, dw (O, I) of dw_dtype or None).
+    fp8 = (w_t, w_inv, meta, current, x_t, x_inv): the forward's E4M3 transposed weight (I, O) and
+    transposed input (I, N) (None: dw stays the caller's bf16 GEMM) with their inverse scales, and the
+    gradient's meta. grad (N, O) is cast to E5M2 with it, and transposed too for dw = grad^T x (both
+    operands K-major over the N rows); `cast`: grad's (codes, inverse scale) already made (by the GELU
+    backward). None where not asked, or where cuBLASLt has no such GEMM."""
+    w_t, w_inv, meta, current, x_t, x_inv = fp8
+    want_dw = need_dw and x_t is not None and cast is None
+    if cast is not None:
+        g8, g_inv, g8_t = cast[0], cast[1], None
+    else:
+        g8, g8_t, g_inv = fp8_cast(grad, "e5m2", meta, current, transpose=want_dw)
+    dx = matmul_fp8(g8, "e5m2", g_inv, w_t, "e4m3", w_inv) if need_dx else None
+    dw = matmul_fp8(g8_t, "e5m2", g_inv, x_t, "e4m3", x_inv, out_dtype=dw_dtype) if want_dw else None
+    return (dx[0] if dx is not None else None), (dw[0] if dw is not None else None)

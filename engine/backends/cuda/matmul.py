@@ -9,7 +9,7 @@ from ..._native import native
 from .arrays import _CODE, CudaArray, _empty, _same_device, _view
 from .creation import astype
 from .elementwise import binary, gelu_backward, unary
-from .fp8 import dx_fp8
+from .fp8 import linear_grads_fp8
 from .layout import _broadcast_shape
 from .movement import broadcast_to
 from .reduce import sum
@@ -136,9 +136,10 @@ def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation
     autocast: the weight gradient's GEMM and the bias-gradient kernel write float32 themselves. The bias
     gradient is engine's column-sum kernel, which also runs the GELU backward in the same pass;
     cuBLASLt's BGRADB epilogue (a separate pass too) is the fallback where it does not apply.
-    fp8 (an FP8 layer's (w_t, w_inv, grad meta, current), fp8.dx_fp8's arguments): dx through the FP8
-    GEMM, bf16 where cuBLASLt has none; after the GELU the kernel writes dpre's E5M2 cast beside dpre
-    (once the meta has a history: its first cast scales by dpre's own amax, a pass of its own)."""
+    fp8 (an FP8 layer's operands, fp8.linear_grads_fp8's): dx, and dw where the forward kept x's
+    transposed E4M3 copy, through FP8 GEMMs, bf16 where cuBLASLt has none; after the GELU the kernel
+    writes dpre's E5M2 cast beside dpre (once the meta has a history: its first cast scales by dpre's
+    own amax, a pass of its own)."""
     if grad.dtype is not x.dtype:
         grad = astype(grad, x.dtype)
     pdt = x.dtype if param_dtype is None else param_dtype
@@ -147,11 +148,13 @@ def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation
                       else (None, None, None))
     if activation is not None:
         grad = dpre if dpre is not None else gelu_backward(pre, grad)
-    dx = dx_fp8(grad, *fp8, cast=cast) if need[0] and fp8 is not None else None
+    dx = dw = None
+    if fp8 is not None and (need[0] or need[1]):
+        dx, dw = linear_grads_fp8(grad, fp8, need[0], need[1], pdt, cast)
     if need[0] and dx is None:
         dx = matmul(grad, w)
-    dw = None
-    if need[1] and need[2] and db is None and x.dtype in (float32, bfloat16) and pdt in (x.dtype, float32):
+    if (need[1] and dw is None and need[2] and db is None and x.dtype in (float32, bfloat16)
+            and pdt in (x.dtype, float32)):
         (N, O), I = grad.shape, x.shape[1]
         dw, db = _empty((O, I), pdt, x.device), _empty((O,), pdt, x.device)  # the bias gradient of dw's dtype
         if not native.matmul_epilogue(x.device, _CODE[x.dtype], _EPI_BGRAD, dw.ptr, grad.ptr, x.ptr, O, I, N, True, False,
