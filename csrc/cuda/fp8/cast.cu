@@ -1,9 +1,9 @@
 // Casts to FP8 with delayed scaling (fp8.h says what the meta holds). Three kernels:
 // - amax_kernel: the first pass of a `current` cast, max |x| into meta[1];
 // - cast_kernel: 1-D, 8 elements a thread a step (16 or 32 bytes in, 8 out), grid-stride;
-// - cast_transpose_tiled_kernel: a 64 x 64 tile a block, 8 elements a load, written as it is and,
+// - cast_transpose_tiled_kernel: a 128 x 64 tile a block, 8 elements a load, written as it is and,
 //   through shared memory, transposed with 16-byte stores (a tensor's two K-major copies in one pass);
-//   cast_transpose_kernel, 32 x 32 tiles an element at a time, where the sizes are not multiples of 64.
+//   cast_transpose_kernel, 32 x 32 tiles an element at a time, where the sizes do not fit those tiles.
 // Each block reduces its |x| maximum and adds it to meta[1] with one atomicMax; the block that
 // finishes last turns that into the next scale (fp8.cuh's finish_block), so the whole update is
 // inside the cast's one launch.
@@ -119,45 +119,62 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0 && threadIdx.y == 0) finish_block(meta, inv_scale, a, scale, fmax, current);
 }
 
-// in (rows, cols) -> out (rows, cols) and out_t (cols, rows), rows and cols multiples of 64; 256 threads.
-// Loads: the tile's 64 rows x 8 loads of 8 elements, two a thread; the codes go to out (8 bytes) and to
-// the shared tile. Stores of out_t: 64 rows (the tile's columns) x 4 chunks of 16 codes, one a thread.
+// in (rows, cols) -> out (rows, cols) and out_t (cols, rows), rows a multiple of 128 and cols of 64;
+// 256 threads, a 128 x 64 tile. Loads: the tile's 128 rows x 8 loads of 8 elements, four a thread, all
+// issued before the first is used (64 bytes of bf16 in flight a thread); the codes go to out (8 bytes)
+// and to the shared tile (rows 68 bytes apart, so rows 16 apart sit 16 banks apart). Stores of out_t:
+// 64 rows (the tile's columns) x 8 chunks of 16 codes, two a thread.
 template <typename T, int FMT>
 __global__ void __launch_bounds__(kThreads)
     cast_transpose_tiled_kernel(uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* __restrict__ inv_scale,
                                 float* __restrict__ meta, const T* __restrict__ in, int64_t rows, int64_t cols,
                                 bool current) {
-    constexpr int V = 8, PAD = 16;
+    constexpr int V = 8, TR = 128, STRIDE = 68, LOADS = TR * 8 / kThreads;
     __shared__ float shared[kThreads / 32];
-    __shared__ __align__(16) uint8_t tile[64][64 + PAD];
+    __shared__ __align__(16) uint8_t tile[TR * STRIDE];
     constexpr float fmax = Fp8Limits<FMT>::max;
     const float scale = cast_scale(meta, current, fmax);
-    const int64_t r0 = (int64_t)blockIdx.y * 64, c0 = (int64_t)blockIdx.x * 64;
+    const int64_t r0 = (int64_t)blockIdx.y * TR, c0 = (int64_t)blockIdx.x * 64;
+    Pack<T, V> p[LOADS];
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) {
+        const int v = threadIdx.x + k * kThreads, row = v >> 3, col = (v & 7) * V;
+        p[k] = *reinterpret_cast<const Pack<T, V>*>(in + (r0 + row) * cols + c0 + col);
+    }
     float a = 0.f;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < LOADS; ++k) {
         const int v = threadIdx.x + k * kThreads, row = v >> 3, col = (v & 7) * V;
-        const int64_t at = (r0 + row) * cols + c0 + col;
-        Pack<T, V> p = *reinterpret_cast<const Pack<T, V>*>(in + at);
         uint32_t q[2];
 #pragma unroll
         for (int i = 0; i < V; i += 4) {
-            float x0 = to_float(p.v[i]), x1 = to_float(p.v[i + 1]), x2 = to_float(p.v[i + 2]), x3 = to_float(p.v[i + 3]);
+            float x0 = to_float(p[k].v[i]), x1 = to_float(p[k].v[i + 1]), x2 = to_float(p[k].v[i + 2]),
+                  x3 = to_float(p[k].v[i + 3]);
             a = fmaxf(a, fmaxf(fmaxf(fabsf(x0), fabsf(x1)), fmaxf(fabsf(x2), fabsf(x3))));
             q[i / 4] = to_fp8x2<FMT>(x0 * scale, x1 * scale) | (uint32_t)to_fp8x2<FMT>(x2 * scale, x3 * scale) << 16;
         }
-        *reinterpret_cast<uint2*>(out + at) = make_uint2(q[0], q[1]);
-        *reinterpret_cast<uint2*>(&tile[row][col]) = make_uint2(q[0], q[1]);
+        *reinterpret_cast<uint2*>(out + (r0 + row) * cols + c0 + col) = make_uint2(q[0], q[1]);
+        uint32_t* t32 = reinterpret_cast<uint32_t*>(tile + row * STRIDE + col);
+        t32[0] = q[0];
+        t32[1] = q[1];
     }
     __syncthreads();
-    const int tc = threadIdx.x >> 2, chunk = (threadIdx.x & 3) * 16;
-    uint32_t w[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        w[j] = (uint32_t)tile[chunk + 4 * j][tc] | (uint32_t)tile[chunk + 4 * j + 1][tc] << 8 |
-               (uint32_t)tile[chunk + 4 * j + 2][tc] << 16 | (uint32_t)tile[chunk + 4 * j + 3][tc] << 24;
+    for (int k = 0; k < 2; ++k) {
+        // s's bits: 0-3 the column's low bits, 4 the chunk's low bit, 5-6 the column's high bits, 7-8 the
+        // chunk's high bits. A warp reads 16 neighbouring columns of two chunks 16 rows apart (banks 16
+        // apart: no conflict) and writes 32 contiguous bytes (a whole sector) of each of 16 out_t rows.
+        const int s = threadIdx.x + k * kThreads;
+        const int tc = (s & 15) | (((s >> 5) & 3) << 4), chunk = (((s >> 4) & 1) | ((s >> 7) << 1)) * 16;
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const uint8_t* c = tile + (chunk + 4 * j) * STRIDE + tc;
+            w[j] = (uint32_t)c[0] | (uint32_t)c[STRIDE] << 8 | (uint32_t)c[2 * STRIDE] << 16 |
+                   (uint32_t)c[3 * STRIDE] << 24;
+        }
+        *reinterpret_cast<uint4*>(out_t + (c0 + tc) * rows + r0 + chunk) = make_uint4(w[0], w[1], w[2], w[3]);
     }
-    *reinterpret_cast<uint4*>(out_t + (c0 + tc) * rows + r0 + chunk) = make_uint4(w[0], w[1], w[2], w[3]);
     a = block_amax(a, shared);
     if (threadIdx.x == 0) finish_block(meta, inv_scale, a, scale, fmax, current);
 }
@@ -178,9 +195,9 @@ void cast_typed(int device, uint8_t* out, uint8_t* out_t, float* inv_scale, floa
         else amax_kernel<T, 1><<<grid, kThreads, 0, st>>>(meta, in, n);
         check_launch("fp8_cast");
     }
-    if (out_t != nullptr && rows % 64 == 0 && cols % 64 == 0 && aligned(in, sizeof(T) * V) && aligned(out, 8) &&
+    if (out_t != nullptr && rows % 128 == 0 && cols % 64 == 0 && aligned(in, sizeof(T) * V) && aligned(out, 8) &&
         aligned(out_t, 16)) {
-        dim3 tiles((unsigned int)(cols / 64), (unsigned int)(rows / 64));
+        dim3 tiles((unsigned int)(cols / 64), (unsigned int)(rows / 128));
         cast_transpose_tiled_kernel<T, FMT><<<tiles, kThreads, 0, st>>>(out, out_t, inv_scale, meta, in, rows, cols,
                                                                         current);
     } else if (out_t != nullptr) {
