@@ -8,7 +8,8 @@ the same with the linear layers' forward and dx GEMMs in FP8, engine.fp8) for ea
 --seeds seed (the weights' initialisation; the batches are the same for every run). Prints one
 JSON line per run with its losses, then one summary line: the largest gap between each mode's curve
 and float32's of the same seed (and, with FP8 modes, between each FP8 mode's and bf16's), next to the
-gap between float32's curves of two seeds (the noise), all on curves smoothed over 10 steps.
+gap between float32's curves of two seeds (the noise), all on curves smoothed over 10 steps, over all
+steps and after step 50. `--summarize FILE` prints that line again from a run's saved lines.
 
     python bench/precision_curve.py --data ../shared/data/tinyshakespeare.txt
 """
@@ -29,6 +30,7 @@ from engine.nn import GPT, GPTConfig  # noqa: E402
 
 B, T = 16, 1024
 WARMUP, LR, SMOOTH = 20, 6e-4, 10
+AFTER = 50  # the summary's second gap starts here, past the warm-up's spikes
 
 
 def batches(data: np.ndarray, steps: int, seed: int = 1234) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -77,12 +79,17 @@ def smooth(curve: list[float]) -> np.ndarray:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True, help="a text file; its bytes are the tokens")
+    ap.add_argument("--data", help="a text file; its bytes are the tokens")
+    ap.add_argument("--summarize", metavar="JSONL", help="only print the summary of a saved run's lines")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--modes", nargs="+", default=["fp32", "bf16_graph"],
                     choices=["fp32", "bf16", "bf16_graph", "fp8", "fp8_graph"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     args = ap.parse_args(argv)
+    if args.summarize:
+        return summarize_file(args.summarize)
+    if not args.data:
+        ap.error("--data is required (or --summarize a saved run)")
     if not engine.cuda.is_available():
         print(f"needs a GPU: {engine.cuda.unavailable_reason()}", file=sys.stderr)
         return 1
@@ -98,21 +105,40 @@ def main(argv=None) -> int:
             c = curves[mode, seed]
             print(json.dumps(dict(bench="precision_curve", mode=mode, seed=seed, steps=args.steps, captured=captured,
                                   last_10_mean=round(float(np.mean(c[-10:])), 4), losses=c)), flush=True)
-    summary = dict(bench="precision_curve_summary", steps=args.steps, smoothed_over=SMOOTH)
-    if "fp32" in args.modes and len(args.seeds) > 1:
-        a, b = smooth(curves["fp32", args.seeds[0]]), smooth(curves["fp32", args.seeds[1]])
-        summary["fp32_seed_gap_max"] = round(float(np.max(np.abs(a - b))), 4)
-    for mode in args.modes:
-        if mode == "fp32" or "fp32" not in args.modes:
-            continue
-        gaps = [np.max(np.abs(smooth(curves[mode, s]) - smooth(curves["fp32", s]))) for s in args.seeds]
-        summary[f"{mode}_vs_fp32_gap_max"] = round(float(max(gaps)), 4)
-    bf16 = next((m for m in ("bf16_graph", "bf16") if m in args.modes), None)
-    for mode in args.modes:
+    print(json.dumps(summarize(curves, args.modes, args.seeds, args.steps)), flush=True)
+    return 0
+
+
+def summarize(curves: dict, modes: list, seeds: list, steps: int) -> dict:
+    """The summary line: for each pair compared, the largest gap between the smoothed curves, over all
+    steps and after the first AFTER steps (past the warm-up's loss spikes, whose height and step vary
+    from run to run)."""
+    summary = dict(bench="precision_curve_summary", steps=steps, smoothed_over=SMOOTH, after_step=AFTER)
+
+    def gap(mode_a, mode_b, name, pairs):
+        d = [np.abs(smooth(curves[mode_a, sa]) - smooth(curves[mode_b, sb])) for sa, sb in pairs]
+        summary[f"{name}_gap_max"] = round(float(max(x.max() for x in d)), 4)
+        summary[f"{name}_gap_max_after"] = round(float(max(x[AFTER:].max() for x in d)), 4)
+
+    if "fp32" in modes and len(seeds) > 1:
+        gap("fp32", "fp32", "fp32_seed", [(seeds[0], seeds[1])])
+    for mode in modes:
+        if mode != "fp32" and "fp32" in modes:
+            gap(mode, "fp32", f"{mode}_vs_fp32", [(s, s) for s in seeds])
+    bf16 = next((m for m in ("bf16_graph", "bf16") if m in modes), None)
+    for mode in modes:
         if mode.startswith("fp8") and bf16 is not None:
-            gaps = [np.max(np.abs(smooth(curves[mode, s]) - smooth(curves[bf16, s]))) for s in args.seeds]
-            summary[f"{mode}_vs_{bf16}_gap_max"] = round(float(max(gaps)), 4)
-    print(json.dumps(summary), flush=True)
+            gap(mode, bf16, f"{mode}_vs_{bf16}", [(s, s) for s in seeds])
+    return summary
+
+
+def summarize_file(path: str) -> int:
+    """The summary line again, from a run's saved JSON lines (--summarize)."""
+    rows = [json.loads(line) for line in open(path) if '"bench": "precision_curve"' in line]
+    curves = {(r["mode"], r["seed"]): r["losses"] for r in rows}
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    seeds = list(dict.fromkeys(r["seed"] for r in rows))
+    print(json.dumps(summarize(curves, modes, seeds, rows[0]["steps"])), flush=True)
     return 0
 
 
