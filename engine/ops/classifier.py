@@ -33,7 +33,8 @@ class LinearCrossEntropy(Function):
         weight_dtype = be.dtype_of(weight)
         if compute_dtype is not None and weight_dtype is not compute_dtype:
             weight = weight_cast(be, weight, compute_dtype)  # (V, C): the model's one cast of its weights, or now
-        res = self._logits_fp8(fp8, x, weight, need_dx) if fp8 is not None and be.dtype_of(x) is bfloat16 else None
+        use_fp8 = fp8 is not None and not fp8.unavailable and be.dtype_of(x) is bfloat16
+        res = self._logits_fp8(fp8, x, weight, need_dx) if use_fp8 else None
         logits, w_t, w_inv = res if res is not None else (be.matmul(x, weight, transpose_b=True), None, None)  # (N, V)
         self.dx = self.dweight = None
         if need_dx or need_dweight:
@@ -69,7 +70,10 @@ class LinearCrossEntropy(Function):
         x8, _, x_inv = be.fp8_cast(x, "e4m3", x_meta, x_current)  # (N, C)
         w8, w_t, w_inv = be.fp8_cast(weight, "e4m3", w_meta, w_current, transpose=need_dx)  # (V, C), (C, V)
         res = be.matmul_fp8(x8, "e4m3", x_inv, w8, "e4m3", w_inv, fast_accum=True)
-        return None if res is None else (res[0], w_t, w_inv)
+        if res is None:
+            state.fall_back(weight.shape)
+            return None
+        return res[0], w_t, w_inv
 
     def backward(self, g):
         be = self.be

@@ -49,7 +49,8 @@ class Linear(Function):
             w = weight_cast(be, w, compute_dtype)
             b = weight_cast(be, b, compute_dtype) if b is not None else None
         self.w, self.activation, self.fp8 = w, activation, None
-        res = self._forward_fp8(fp8, b) if fp8 is not None and be.dtype_of(self.x2) is bfloat16 else None
+        use_fp8 = fp8 is not None and not fp8.unavailable and be.dtype_of(self.x2) is bfloat16
+        res = self._forward_fp8(fp8, b) if use_fp8 else None
         # (N, O), pre-activation (N, O) or None
         out, self.pre = res if res is not None else be.linear(self.x2, w, b, activation)
         return be.reshape(out, self.x_shape[:-1] + (w.shape[0],))
@@ -65,7 +66,9 @@ class Linear(Function):
         x8, x_t, x_inv = be.fp8_cast(self.x2, "e4m3", x_meta, x_current, transpose=x_transposed)  # (N, I)
         w8, w_t, w_inv = be.fp8_cast(self.w, "e4m3", w_meta, w_current, transpose=grads)  # (O, I), (I, O)
         res = be.matmul_fp8(x8, "e4m3", x_inv, w8, "e4m3", w_inv, b, self.activation, fast_accum=True)
-        if res is not None and grads:
+        if res is None:
+            state.fall_back(self.w.shape)
+        elif grads:
             self.fp8 = (state, w_t, w_inv, x_t, x_inv)
         return res
 

@@ -15,6 +15,7 @@ down (from ln V, a uniform guess).
 from __future__ import annotations
 
 import copy
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -218,6 +219,28 @@ def test_enable_reaches_every_linear_layer_and_the_state_is_neither_saved_nor_sh
     twin = next(m for m in replica.modules() if isinstance(m, Linear) and m.fp8 is not None)
     assert twin.fp8 is not layer.fp8 and not twin.fp8._metas, "a copied model has scales of its own"
     assert engine.fp8.enable(model, False) == 9 and not engine.fp8.is_enabled(model)
+
+
+def test_a_backend_without_an_fp8_gemm_warns_once_and_runs_bf16(monkeypatch):
+    # what a GPU before Hopper does: cuBLASLt offers no FP8 GEMM, the backend's matmul_fp8 says None
+    import engine.backends.cpu as cpu_backend
+    monkeypatch.setattr(cpu_backend, "matmul_fp8", lambda *args, **kwargs: None)
+    layer = Linear(16, 8)
+    x = engine.tensor(rng.standard_normal((4, 16)).astype(np.float32))
+    with engine.autocast("cpu"):
+        want = layer(x).float().numpy()
+        engine.fp8.enable(layer)
+        with pytest.warns(RuntimeWarning, match="no FP8 GEMM .* runs in bf16"):
+            got = layer(x).float().numpy()
+        np.testing.assert_array_equal(got, want)
+        assert layer.fp8.unavailable
+        metas = {k: v.copy() for k, v in layer.fp8._metas.items()}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once: no second warning, and no casts any more
+            np.testing.assert_array_equal(layer(x).float().numpy(), want)
+        assert all(np.array_equal(metas[k], v) for k, v in layer.fp8._metas.items())
+    layer.fp8.reset()
+    assert not layer.fp8.unavailable
 
 
 def test_outside_autocast_an_fp8_layer_computes_as_without_it():
