@@ -5,8 +5,8 @@ the forward y = x W^T with x and W in E4M3, the input gradient dx = dy W with dy
 gradients need) and W in E4M3, and the weight gradient dW = dy^T x on transposed copies of dy and x
 (Hopper's FP8 GEMM takes both operands K-major; the casts write them in the same pass), written in
 float32 for the master weight; float32 accumulation, bf16 out, bias and GELU in the GEMM's epilogue as
-in bf16. A layer with GELU (the MLP's first) keeps dW in bf16: its dy in E5M2 comes from the GELU
-backward's kernel, which has no transposed copy to give. A GPT's head (F.linear_cross_entropy) runs
+in bf16. In a layer with a bias the gradient's codes and their transpose come from the bias-gradient
+kernel (after the GELU backward in the MLP's first layer), in the pass that reads dy anyway. A GPT's head (F.linear_cross_entropy) runs
 its logits and dx in FP8, the cross-entropy kernel writing the gradient's E5M2 codes at a fixed scale
 (|softmax - onehot| <= 1), and its dW in bf16. The float32 master weights, the optimizer and the loss
 are those of bf16 autocast.
@@ -45,7 +45,8 @@ class Fp8State:
         refuses): say so once, and compute in bf16 from now on."""
         self.unavailable = True
         warnings.warn(f"engine.fp8: no FP8 GEMM for a linear layer of weight shape {tuple(shape)} on this "
-                      "device (FP8 needs Hopper or later); it runs in bf16", RuntimeWarning, stacklevel=2)
+                      "device (FP8 needs Hopper or later, and cuBLASLt's FP8 GEMMs take widths that are "
+                      "multiples of 16); it runs in bf16", RuntimeWarning, stacklevel=2)
 
     def meta(self, be, role: str, like) -> tuple:
         """(meta, current) for `role` on like's device: current is True for a meta just made (its first

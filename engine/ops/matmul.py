@@ -34,9 +34,8 @@ class Linear(Function):
     writes dw and db in w's dtype directly, so no cast of their gradients runs.
 
     fp8 (an engine.fp8.Fp8State, under bf16 compute only): the GEMMs in FP8, x and w cast to E4M3 and the
-    gradient to E5M2, each scaled by its meta: the forward, dx, and (without an activation) dw on the
-    transposed copies of x and the gradient; with GELU dw stays bf16, on the dpre the GELU backward
-    writes (its E5M2 copy, fused into that kernel, has no transpose)."""
+    gradient to E5M2, each scaled by its meta: the forward, dx, and dw on the transposed copies of x and
+    the gradient (dpre after a GELU, whose codes and transpose the backward's bias kernel writes)."""
 
     def forward(self, x, w, b=None, activation=None, compute_dtype=None, fp8=None):
         be = self.be
@@ -62,8 +61,8 @@ class Linear(Function):
         x_meta, x_current = state.meta(be, "x", self.x2)
         w_meta, w_current = state.meta(be, "w", self.w)
         grads = is_grad_enabled()
-        x_transposed = grads and self.activation is None  # x^T (I, N) for dw in FP8
-        x8, x_t, x_inv = be.fp8_cast(self.x2, "e4m3", x_meta, x_current, transpose=x_transposed)  # (N, I)
+        # (N, I), and x^T (I, N) for dw
+        x8, x_t, x_inv = be.fp8_cast(self.x2, "e4m3", x_meta, x_current, transpose=grads)
         w8, w_t, w_inv = be.fp8_cast(self.w, "e4m3", w_meta, w_current, transpose=grads)  # (O, I), (I, O)
         res = be.matmul_fp8(x8, "e4m3", x_inv, w8, "e4m3", w_inv, b, self.activation, fast_accum=True)
         if res is None:

@@ -42,13 +42,14 @@ void bind_matmul(py::module_& m) {
     m.def(
         "linear_bias_grad",
         [](int device, int dtype, addr db, addr dpre, addr g, addr pre, int64_t N, int64_t O, int db_dtype,
-           addr dpre8, addr inv_scale, addr meta) {
+           addr dpre8, addr inv_scale, addr meta, addr dpre8_t) {
             return linear_bias_grad(device, dtype, P(db), P(dpre), P(g), P(pre), N, O, db_dtype, P(dpre8),
-                                    P<float>(inv_scale), P<float>(meta));
+                                    P<float>(inv_scale), P<float>(meta), P(dpre8_t));
         },
         py::arg("device"), py::arg("dtype"), py::arg("db"), py::arg("dpre"), py::arg("g"), py::arg("pre"),
         py::arg("N"), py::arg("O"), py::arg("db_dtype") = -1,  // db_dtype -1: g's dtype
-        py::arg("dpre8") = 0, py::arg("inv_scale") = 0, py::arg("meta") = 0);  // 0: no E5M2 copy
+        py::arg("dpre8") = 0, py::arg("inv_scale") = 0, py::arg("meta") = 0,  // 0: no E5M2 copy
+        py::arg("dpre8_t") = 0);  // 0: no transposed copy
 }
 
 }  // namespace engine

@@ -38,11 +38,12 @@ bool allow_tf32();
 // bias_grad.cu: the Linear bias gradient db (O,) = column sums of g (N, O), dtype F32 or BF16 (dpre,
 // pre of the same dtype; float32 sums); db of db_dtype: -1 for dtype, or F32. With pre: the GELU
 // backward first, dpre = gelu'(pre) * g written out, and db its column sums. False (nothing launched)
-// unless O is a multiple of 16 bytes of the dtype and the pointers are 16-byte aligned. With dpre8
-// (bf16 with pre only): dpre's E5M2 codes too, scaled as a delayed-scaling cast with `meta` (fp8/fp8.h)
-// would, its inverse scale written to inv_scale.
+// unless O is a multiple of 16 bytes of the dtype and the pointers are 16-byte aligned. With d8 (bf16
+// only): the E5M2 codes (N, O) of d (dpre with pre, else g) too, scaled as a delayed-scaling cast with
+// `meta` (fp8/fp8.h) would, its inverse scale written to inv_scale; with d8_t also their transpose
+// (O, N) (N a multiple of 16), and dpre may then be null (not written).
 bool linear_bias_grad(int device, int dtype, void* db, void* dpre, const void* g, const void* pre, int64_t N,
-                      int64_t O, int db_dtype = -1, void* dpre8 = nullptr, float* inv_scale = nullptr,
-                      float* meta = nullptr);
+                      int64_t O, int db_dtype = -1, void* d8 = nullptr, float* inv_scale = nullptr,
+                      float* meta = nullptr, void* d8_t = nullptr);
 
 }  // namespace engine

@@ -92,12 +92,12 @@ def matmul_fp8(a: np.ndarray, a_fmt: str, a_inv: np.ndarray, b: np.ndarray, b_fm
 def linear_grads_fp8(grad: np.ndarray, fp8: tuple, need_dx: bool, need_dw: bool, dw_dtype, cast=None):
     """An FP8 linear layer's GEMM gradients -> (dx (N, I) bf16 or None, dw (O, I) of dw_dtype or None),
     as the CUDA backend's: fp8 = (w_t, w_inv, meta, current, x_t, x_inv); grad (N, O) bf16 cast to E5M2
-    with meta (and transposed, for dw = grad^T x where x_t is kept), or `cast` its (codes, inverse scale)
-    already made; dw None without x_t."""
+    with meta (and transposed, for dw = grad^T x where x_t is kept), or `cast` its (codes, inverse scale,
+    transposed codes or None) already made; dw None without x_t or without the transposed codes."""
     w_t, w_inv, meta, current, x_t, x_inv = fp8
-    want_dw = need_dw and x_t is not None and cast is None
-    if cast is not None:  # grad's (codes, inverse scale) already made
-        g8, g_inv, g8_t = cast[0], cast[1], None
+    want_dw = need_dw and x_t is not None and (cast is None or cast[2] is not None)
+    if cast is not None:  # grad's codes already made
+        g8, g_inv, g8_t = cast
     else:
         g8, g8_t, g_inv = fp8_cast(grad, "e5m2", meta, current, transpose=want_dw)
     dx = matmul_fp8(g8, "e5m2", g_inv, w_t, "e4m3", w_inv)[0] if need_dx else None

@@ -90,12 +90,13 @@ def linear_grads_fp8(grad: CudaArray, fp8: tuple, need_dx: bool, need_dw: bool, 
     fp8 = (w_t, w_inv, meta, current, x_t, x_inv): the forward's E4M3 transposed weight (I, O) and
     transposed input (I, N) (None: dw stays the caller's bf16 GEMM) with their inverse scales, and the
     gradient's meta. grad (N, O) is cast to E5M2 with it, and transposed too for dw = grad^T x (both
-    operands K-major over the N rows); `cast`: grad's (codes, inverse scale) already made (by the GELU
-    backward). None where not asked, or where cuBLASLt has no such GEMM."""
+    operands K-major over the N rows); `cast`: grad's (codes, inverse scale, transposed codes or None)
+    already made (by the bias-gradient kernel); dw then runs here only with the transposed codes. None
+    where not asked, or where cuBLASLt has no such GEMM."""
     w_t, w_inv, meta, current, x_t, x_inv = fp8
-    want_dw = need_dw and x_t is not None and cast is None
+    want_dw = need_dw and x_t is not None and (cast is None or cast[2] is not None)
     if cast is not None:
-        g8, g_inv, g8_t = cast[0], cast[1], None
+        g8, g_inv, g8_t = cast
     else:
         g8, g8_t, g_inv = fp8_cast(grad, "e5m2", meta, current, transpose=want_dw)
     dx = matmul_fp8(g8, "e5m2", g_inv, w_t, "e4m3", w_inv) if need_dx else None

@@ -94,22 +94,31 @@ def linear(x: CudaArray, w: CudaArray, b, activation: str | None):
     return (y, None) if activation is None else (unary("gelu", y), y)
 
 
-def _bias_grad(g: CudaArray, pre=None, db_dtype: DType | None = None, fp8_meta=None):
+def _bias_grad(g: CudaArray, pre=None, db_dtype: DType | None = None, fp8_meta=None, transposed: bool = False,
+               keep_dpre: bool = True):
     """db (O,) = column sums of g (N, O), of db_dtype (None: g's; or float32); with pre, the GELU backward
-    first, dpre = gelu'(pre) * g, in the same pass, and with fp8_meta (bf16) dpre's E5M2 cast too (a
-    delayed-scaling cast with that meta). -> (db, dpre or None, (dpre's codes, inverse scale) or None),
-    or Nones where the kernel does not apply (float64, a width not a multiple of 16 bytes, unaligned
-    data)."""
+    first, dpre = gelu'(pre) * g, in the same pass. With fp8_meta (bf16 g) the E5M2 codes of d (dpre with
+    pre, g without) too, as a delayed-scaling cast with that meta would make them, and with `transposed`
+    their transpose as well (N a multiple of 16); keep_dpre False (with both): dpre is not written, the
+    codes being all its GEMMs read. -> (db, dpre or None, (d's codes, inverse scale, transposed codes or
+    None) or None), or Nones where the kernel does not apply (float64, a width not a multiple of 16
+    bytes, unaligned data)."""
     db_dtype = g.dtype if db_dtype is None else db_dtype
-    if db_dtype not in (g.dtype, float32):
+    if db_dtype not in (g.dtype, float32) or (transposed and g.shape[0] % 16):
         return None, None, None
-    db = _empty((g.shape[1],), db_dtype, g.device)
-    dpre = _empty(pre.shape, pre.dtype, pre.device) if pre is not None else None
-    cast = (_empty(pre.shape, uint8, g.device), _empty((1,), float32, g.device)) if fp8_meta is not None else None
+    N, O = g.shape
+    db = _empty((O,), db_dtype, g.device)
+    write_dpre = pre is not None and (keep_dpre or fp8_meta is None or not transposed)
+    dpre = _empty(pre.shape, pre.dtype, pre.device) if write_dpre else None
+    cast = None
+    if fp8_meta is not None:
+        cast = (_empty((N, O), uint8, g.device), _empty((1,), float32, g.device),
+                _empty((O, N), uint8, g.device) if transposed else None)
     if native.linear_bias_grad(g.device, _CODE[g.dtype], db.ptr, dpre.ptr if dpre is not None else 0, g.ptr,
-                               pre.ptr if pre is not None else 0, *g.shape, db_dtype=_CODE[db_dtype],
+                               pre.ptr if pre is not None else 0, N, O, db_dtype=_CODE[db_dtype],
                                dpre8=cast[0].ptr if cast else 0, inv_scale=cast[1].ptr if cast else 0,
-                               meta=fp8_meta.ptr if cast else 0):
+                               meta=fp8_meta.ptr if cast else 0,
+                               dpre8_t=cast[2].ptr if cast and transposed else 0):
         return db, dpre, cast
     return None, None, None
 
@@ -137,20 +146,29 @@ def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation
     gradient is engine's column-sum kernel, which also runs the GELU backward in the same pass;
     cuBLASLt's BGRADB epilogue (a separate pass too) is the fallback where it does not apply.
     fp8 (an FP8 layer's operands, fp8.linear_grads_fp8's): dx, and dw where the forward kept x's
-    transposed E4M3 copy, through FP8 GEMMs, bf16 where cuBLASLt has none; after the GELU the kernel
-    writes dpre's E5M2 cast beside dpre (once the meta has a history: its first cast scales by dpre's
-    own amax, a pass of its own)."""
+    transposed E4M3 copy, through FP8 GEMMs, bf16 where cuBLASLt has none. Once the gradient's meta has
+    a history (its first cast scales by its own amax, a pass of its own) the bias kernel writes the
+    E5M2 codes of the GEMMs' operand (dpre after the GELU, grad without) and their transpose for dw in
+    the pass that sums the bias gradient; after the GELU the bf16 dpre is then not written, and made
+    only if a GEMM has no FP8 algorithm."""
     if grad.dtype is not x.dtype:
         grad = astype(grad, x.dtype)
     pdt = x.dtype if param_dtype is None else param_dtype
-    fused = fp8[2] if fp8 is not None and need[0] and activation is not None and not fp8[3] else None
-    db, dpre, cast = (_bias_grad(grad, pre if activation is not None else None, pdt, fused) if need[2]
+    gelu = activation is not None
+    # an FP8 layer whose gradient meta has a history: the bias kernel writes the codes (and their
+    # transpose where dw runs in FP8), and the GELU's bf16 dpre only if a GEMM falls back to it
+    fused = fp8[2] if fp8 is not None and need[2] and not fp8[3] else None
+    transposed = fused is not None and need[1] and fp8[4] is not None and grad.shape[0] % 16 == 0
+    db, dpre, cast = (_bias_grad(grad, pre if gelu else None, pdt, fused, transposed, keep_dpre=False) if need[2]
                       else (None, None, None))
-    if activation is not None:
-        grad = dpre if dpre is not None else gelu_backward(pre, grad)
+    g_out = grad  # the output's gradient
+    if gelu:
+        grad = dpre if dpre is not None or cast is not None else gelu_backward(pre, grad)
     dx = dw = None
     if fp8 is not None and (need[0] or need[1]):
         dx, dw = linear_grads_fp8(grad, fp8, need[0], need[1], pdt, cast)
+    if grad is None and ((need[0] and dx is None) or (need[1] and dw is None)):
+        grad = gelu_backward(pre, g_out)  # a GEMM with no FP8 algorithm: the bf16 dpre after all
     if need[0] and dx is None:
         dx = matmul(grad, w)
     if (need[1] and dw is None and need[2] and db is None and x.dtype in (float32, bfloat16)
