@@ -1,6 +1,7 @@
 // Matrix multiplication through cuBLASLt (row-major, batched, transposes; TF32 for float32; bf16 with
 // float32 accumulation, written out as bf16 or, with out_dtype F32, as float32: the weight gradient of
-// float32 master weights under autocast, without a bf16 copy and a cast).
+// float32 master weights under autocast, without a bf16 copy and a cast; FP8 (matmul_fp8), E4M3 and
+// E5M2 operands both K-major with their dequantisation scales on the device, bf16 or float32 out).
 //
 // Row-major C (M, N) = A (M, K) B (K, N) is column-major C^T (N, M) = B^T (N, K) A^T (K, M), so
 // cuBLASLt is called with the operands swapped: its "A" is our b and its "B" is our a. Plans
@@ -231,6 +232,16 @@ void run_plan(DeviceLt& d, const Plan& p, int device, int dtype, void* c, const 
     check_launch("matmul");
 }
 
+// this call's bias (BIAS, GELU_BIAS; written by BGRAD) and aux (GELU_BIAS, GELU) on the cached plan
+void set_epilogue_pointers(const Plan& p, int epilogue, void* bias, void* aux) {
+    if (epilogue == EPI_BIAS || epilogue == EPI_GELU_BIAS || epilogue == EPI_BGRAD)
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+                 "epilogue");
+    if (epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU)
+        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
+                 "epilogue");
+}
+
 // out_dtype -1 is dtype; otherwise dtype itself, or F32 for BF16 operands
 int checked_out_dtype(const char* op, int dtype, int out_dtype) {
     if (out_dtype < 0 || out_dtype == dtype) return dtype;
@@ -272,12 +283,7 @@ bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a
     DeviceLt& d = lt(device);
     const Plan& p = plan_for(d, dtype, out_dtype, epilogue, c, a, b, 1, M, N, K, trans_a, trans_b, 0, 0, 0);
     if (!p.found) return false;
-    if (epilogue != EPI_GELU)
-        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
-                 "epilogue");
-    if (epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU)
-        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
-                 "epilogue");
+    set_epilogue_pointers(p, epilogue, bias, aux);
     run_plan(d, p, device, dtype, c, a, b);
     return true;
 }
@@ -314,12 +320,7 @@ bool matmul_fp8(int device, int epilogue, void* c, const void* a, const void* b,
     check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_inv_scale,
                                             sizeof(a_inv_scale)),
              "fp8 scale");
-    if (epilogue == EPI_BIAS || epilogue == EPI_GELU_BIAS)
-        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
-                 "epilogue");
-    if (epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU)
-        check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
-                 "epilogue");
+    set_epilogue_pointers(p, epilogue, bias, aux);
     run_plan(d, p, device, F32, c, a, b);
     return true;
 }
