@@ -22,6 +22,7 @@
 #include "attention/attention_wgmma.h"
 #include "runtime/common.cuh"
 #include "runtime/runtime.h"
+#include "attention/softmax_wgmma.cuh"
 #include "attention/wgmma.cuh"
 
 namespace engine {
@@ -31,13 +32,6 @@ using bf16 = __nv_bfloat16;
 using namespace attn;
 constexpr int BM = 128, kThreads = 256;  // two warpgroups of 64 queries
 
-// a head dim's panels: P of W columns, each row of a panel 128 bytes (wgmma.cuh's swizzle atom)
-template <int D>
-struct Panels {
-    static_assert(D == 32 || D == 64 || D == 128, "the wgmma kernels take head dims 32, 64 and 128");
-    static constexpr int P = D > 64 ? D / 64 : 1, W = D < 64 ? D : 64;
-    static constexpr uint32_t tile_bytes(int rows) { return (uint32_t)rows * 128 * P; }  // an (rows, D) tile
-};
 // Keys per K/V tile of the forward. 128 measured slower on gpt2_124m (0.160 against 0.138 ms a
 // layer): 188 registers leave one block per SM.
 constexpr int BN = 64;
@@ -53,60 +47,6 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const bf16* src, int64_t
         cp_async16(dst + (c >> 3) * (R * 128) + wgmma::swizzled(r, c & 7), src + (int64_t)(ok ? row : 0) * st + c * 8,
                    ok);
     }
-}
-
-// 2^x on the SFU (ex2.approx.ftz: flushes denormal results to 0, which the softmax never needs)
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// Scores outside the mask -> -inf: keys >= S and, if causal, keys after the query (aligned bottom-
-// right: key <= query + off). Fragment layout: s[j][e] is (row[e / 2], key k0 + 8 j + 2 t + e % 2).
-template <int N>
-__device__ __forceinline__ void mask_scores(float (&s)[N][4], int k0, int S, bool causal, const int (&row)[2], int off,
-                                            int t) {
-#pragma unroll
-    for (int j = 0; j < N; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int col = k0 + j * 8 + 2 * t + (e & 1);
-            if (col >= S || (causal && col > row[e >> 1] + off)) s[j][e] = -INFINITY;
-        }
-}
-
-// One tile's step of the online softmax in the log2 domain, on S (64 x BN) in registers: mask (unless
-// `full`), update the running max m (scaled) and sum l of rows g and g + 8, and leave
-// P = 2^(S scale2 - m) in s. Returns in alpha the factor that rescales the rows of the output so far.
-template <int N>
-__device__ __forceinline__ void softmax_step(float (&s)[N][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                             bool full, int k0, int S, bool causal, const int (&row)[2], int off,
-                                             int t, float scale2) {
-    if (!full) mask_scores(s, k0, S, causal, row, off, t);
-    float mx[2] = {-INFINITY, -INFINITY}, m_use[2];
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {  // each row's columns are spread over the 4 lanes of a quad
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m[r], mx[r] * scale2);
-        m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with no visible key yet: every p is 0
-        alpha[r] = ex2(m[r] - m_use[r]);
-        m[r] = m_new;
-        l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int j = 0; j < N; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            s[j][e] = ex2(fmaf(s[j][e], scale2, -m_use[e >> 1]));
-            l[e >> 1] += s[j][e];  // this lane's share of the row sum; the quad is summed at the end
-        }
 }
 
 // grid ceil(T / 128) * B * H (attn::tile_order, heaviest first). Per warpgroup, iteration j issues
@@ -416,6 +356,7 @@ void backward(cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* do
 }
 
 bool g_forward = true, g_backward = true;  // false turns a direction's Hopper kernel off
+int g_forward_kernel = 0;                   // attention_wgmma_forward_kernel
 
 bool usable(int device, int D) {
     return attention_wgmma_built() && (D == 32 || D == 64 || D == 128) && compute_capability(device) == 90;
@@ -443,11 +384,20 @@ bool attention_wgmma_backward(bool enabled) {
     return prev;
 }
 
+int attention_wgmma_forward_kernel(int kernel) {
+    const int prev = g_forward_kernel;
+    g_forward_kernel = kernel;
+    return prev;
+}
+
 bool attention_forward_wgmma(int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
                              const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
                              int T, int S, int D_, bool causal, float scale) {
     if (!g_forward || !usable(device, D_) || !aligned16(q, lq) || !aligned16(k, lk) || !aligned16(v, lv) || lo.st % 2 != 0)
         return false;
+    if (g_forward_kernel != 0 &&
+        attention_forward_ws(g_forward_kernel, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, D_, causal, scale))
+        return true;
     if (D_ == 32) forward<32>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
     else if (D_ == 64) forward<64>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
     else forward<128>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);

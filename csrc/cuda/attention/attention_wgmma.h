@@ -18,6 +18,17 @@ bool attention_wgmma_built();
 bool attention_wgmma_forward(bool enabled);
 bool attention_wgmma_backward(bool enabled);
 
+// Which forward kernel runs at head dims 64 and 128 (attention_fwd_ws.cu's warp-specialised ones, by
+// consumer warpgroups and keys a tile: 1 = 2 x 128, 2 = 3 x 128, 3 = 2 x 64, 4 = 3 x 64; 0 =
+// attention_wgmma.cu's own, two warpgroups loading with cp.async); returns the previous choice
+int attention_wgmma_forward_kernel(int kernel);
+
+// attention_fwd_ws.cu: the warp-specialised forward, as attention_forward_wgmma; false where it does
+// not apply (another head dim, or a layout TMA cannot describe)
+bool attention_forward_ws(int kernel, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
+                          const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
+                          int T, int S, int D, bool causal, float scale);
+
 // q (B, H, T, D), k, v (B, H, S, D) bf16 (D 32, 64 or 128) -> o (bf16), lse (B * H, T) float32, as
 // attention_forward
 bool attention_forward_wgmma(int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,

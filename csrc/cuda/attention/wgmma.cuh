@@ -53,7 +53,7 @@ __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
 
 #define FRAG(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
 
-// d (64 x N) = (accumulate ? d : 0) + A (64 x 16) B (16 x N), N 64 or 32, both tiles in shared memory:
+// d (64 x N) = (accumulate ? d : 0) + A (64 x 16) B (16 x N), N 128, 64 or 32, both tiles in shared memory:
 // K-major, or M-major (A) / N-major (B) where TransA / TransB is 1
 template <int TransA = 0, int TransB = 0>
 __device__ __forceinline__ void mma_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
@@ -66,6 +66,22 @@ __device__ __forceinline__ void mma_ss(float (&d)[8][4], uint64_t desc_a, uint64
         "}, "
         "%32, %33, p, 1, 1, %35, %36;\n}\n"
         : FRAG(d, 0), FRAG(d, 1), FRAG(d, 2), FRAG(d, 3), FRAG(d, 4), FRAG(d, 5), FRAG(d, 6), FRAG(d, 7)
+        : "l"(desc_a), "l"(desc_b), "r"((int)accumulate), "n"(TransA), "n"(TransB));
+}
+template <int TransA = 0, int TransB = 0>
+__device__ __forceinline__ void mma_ss(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, "
+        "%64, %65, p, 1, 1, %67, %68;\n}\n"
+        : FRAG(d, 0), FRAG(d, 1), FRAG(d, 2), FRAG(d, 3), FRAG(d, 4), FRAG(d, 5), FRAG(d, 6), FRAG(d, 7),
+          FRAG(d, 8), FRAG(d, 9), FRAG(d, 10), FRAG(d, 11), FRAG(d, 12), FRAG(d, 13), FRAG(d, 14), FRAG(d, 15)
         : "l"(desc_a), "l"(desc_b), "r"((int)accumulate), "n"(TransA), "n"(TransB));
 }
 template <int TransA = 0, int TransB = 0>

@@ -257,3 +257,15 @@ def attention_wgmma_forward(enabled: bool) -> bool:
 def attention_wgmma_backward(enabled: bool) -> bool:
     """Use the wgmma backward kernel where it applies (else mma.sync); returns the previous setting."""
     return native.attention_wgmma_backward(enabled)
+
+
+# forward kernels at head dims 64 and 128: consumer warpgroups x keys a tile of the warp-specialised ones
+FORWARD_KERNELS = {"cp.async 2x64": 0, "ws 2x128": 1, "ws 3x128": 2, "ws 2x64": 3, "ws 3x64": 4}
+
+
+def attention_wgmma_forward_kernel(kernel: int) -> int:
+    """Which Hopper forward kernel runs at head dims 64 and 128 (a value of FORWARD_KERNELS: 0 is the
+    two warpgroups loading with cp.async, 1-4 the warp-specialised ones fed by TMA); returns the previous."""
+    if kernel not in FORWARD_KERNELS.values():
+        raise ValueError(f"attention_wgmma_forward_kernel: {kernel} is not one of {sorted(FORWARD_KERNELS.values())}")
+    return native.attention_wgmma_forward_kernel(int(kernel))
