@@ -31,13 +31,15 @@ def _time(fn, iters: int, warmup: int, sync) -> float:
     return seconds_per_call(fn, iters, warmup, sync) * 1e3  # ms
 
 
-def bench_engine(B, H, T, D, iters, warmup, wgmma: bool, forward_kernel: str | None = None) -> dict:
+def bench_engine(B, H, T, D, iters, warmup, wgmma: bool, forward_kernel: str | None = None,
+                 backward_kernel: str | None = None) -> dict:
     rng = np.random.default_rng(0)
     q, k, v, g = (gpu.astype(gpu.from_numpy(rng.standard_normal((B, H, T, D)).astype(np.float32)), engine.bfloat16)
                   for _ in range(4))
     scale = D ** -0.5
     prev = gpu.attention_wgmma_forward(wgmma), gpu.attention_wgmma_backward(wgmma)
     prev_kernel = gpu.attention_wgmma_forward_kernel(gpu.FORWARD_KERNELS[forward_kernel]) if forward_kernel else None
+    prev_bwd = gpu.attention_wgmma_backward_kernel(gpu.BACKWARD_KERNELS[backward_kernel]) if backward_kernel else None
     try:
         out, lse, _ = gpu.attention(q, k, v, True, scale)
         fwd = _time(lambda: gpu.attention(q, k, v, True, scale), iters, warmup, engine.cuda.synchronize)
@@ -48,9 +50,13 @@ def bench_engine(B, H, T, D, iters, warmup, wgmma: bool, forward_kernel: str | N
         gpu.attention_wgmma_backward(prev[1])
         if prev_kernel is not None:
             gpu.attention_wgmma_forward_kernel(prev_kernel)
+        if prev_bwd is not None:
+            gpu.attention_wgmma_backward_kernel(prev_bwd)
     name = "engine wgmma" if wgmma else "engine mma.sync"
     if forward_kernel:
         name += f" (forward {forward_kernel})"
+    if backward_kernel:
+        name += f" (backward {backward_kernel})"
     row = {"impl": name, "fwd_ms": round(fwd, 4), "bwd_ms": round(bwd, 4)}
     if not wgmma and D == 128:
         row["bwd_kernel"] = "wmma"  # mma.sync has no backward at head dim 128
@@ -91,6 +97,9 @@ def main(argv=None) -> int:
     ap.add_argument("--forward-kernels", nargs="*", default=None, metavar="NAME",
                     help="also time these Hopper forward kernels (names of engine.backends.cuda.FORWARD_KERNELS; "
                          "no names: all of them)")
+    ap.add_argument("--backward-kernels", nargs="*", default=None, metavar="NAME",
+                    help="also time these Hopper backward kernels (names of engine.backends.cuda.BACKWARD_KERNELS; "
+                         "no names: all of them)")
     args = ap.parse_args(argv)
     if not engine.cuda.is_available():
         print(f"needs a GPU: {engine.cuda.unavailable_reason()}", file=sys.stderr)
@@ -103,6 +112,9 @@ def main(argv=None) -> int:
     if args.forward_kernels is not None and gpu.attention_wgmma_built():
         for name in args.forward_kernels or gpu.FORWARD_KERNELS:
             rows.append(bench_engine(B, H, T, D, args.iters, args.warmup, True, name))
+    if args.backward_kernels is not None and gpu.attention_wgmma_built():
+        for name in args.backward_kernels or gpu.BACKWARD_KERNELS:
+            rows.append(bench_engine(B, H, T, D, args.iters, args.warmup, True, backward_kernel=name))
     if not args.no_torch:
         try:
             import torch  # noqa: F401

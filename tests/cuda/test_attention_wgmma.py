@@ -215,3 +215,70 @@ def test_warp_specialised_forward_matches_the_cp_async_kernel(causal, D):
         np.testing.assert_allclose(lse, base_lse, atol=1e-4, rtol=1e-5, err_msg=name)
         if name.endswith("x128"):
             assert not np.array_equal(out, base_out), f"{name}: the cp.async kernel ran instead"
+
+
+# ---- the warp-specialised backward kernels (attention_bwd_ws.cu: a TMA producer warpgroup, 3 or 2
+# consumer warpgroups of 64 keys sharing each query tile) at head dims 64 and 128
+
+WS_BACKWARD = [pytest.param(v, id=name.replace(" ", "_")) for name, v in gpu.BACKWARD_KERNELS.items() if v != 0]
+
+
+@contextlib.contextmanager
+def _backward_kernel(kernel: int):
+    prev = gpu.attention_wgmma_backward_kernel(kernel)
+    try:
+        yield
+    finally:
+        gpu.attention_wgmma_backward_kernel(prev)
+
+
+def test_an_unknown_backward_kernel_is_refused():
+    with pytest.raises(ValueError, match="not one of"):
+        gpu.attention_wgmma_backward_kernel(7)
+
+
+@pytest.mark.parametrize("kernel", WS_BACKWARD)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("B,H,T,S,causal", [(2, 3, 128, 128, True), (1, 2, 37, 130, True), (1, 1, 1, 9, True),
+                                            (1, 3, 330, 400, True), (1, 2, 200, 333, False), (1, 2, 130, 70, True),
+                                            (1, 2, 448, 448, True), (2, 2, 1024, 1024, True)])
+def test_warp_specialised_backward_matches_cpu(kernel, D, B, H, T, S, causal):
+    """Partial key and query tiles, T != S, T > S, a single query, and causal blocks whose consumers
+    skip different numbers of query tiles (or all of them: keys no query sees)."""
+    with _backward_kernel(kernel):
+        _check_against_cpu(True, B, H, T, S, D, causal)
+
+
+@pytest.mark.parametrize("kernel", WS_BACKWARD)
+@pytest.mark.parametrize("D", [64, 128])
+def test_warp_specialised_backward_reads_packed_qkv(kernel, D):
+    B, T, H = 2, 200, 4
+    rng = np.random.default_rng(5)
+    (QKV, qkv), (G, g) = _bf16(rng.standard_normal((B, T, 3 * H * D))), _bf16(rng.standard_normal((B, T, H * D)))
+    scale = D ** -0.5
+    out_c, lse_c, _ = cpu.attention_qkv(qkv, H, True, scale)
+    dqkv_c = cpu.attention_qkv_backward(g, qkv, out_c, lse_c, H, True, scale)
+    with _kernels(True), _backward_kernel(kernel):
+        out, lse, _ = gpu.attention_qkv(QKV, H, True, scale)
+        dqkv = gpu.attention_qkv_backward(G, QKV, out, lse, H, True, scale)
+    assert _rel(_download(dqkv), dqkv_c) < 2 * TOL
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("D", [64, 128])
+def test_warp_specialised_backward_matches_the_cp_async_kernel(causal, D):
+    """The same gradients as the one-warpgroup kernel up to the order of dQ's atomic adds."""
+    (Q, K, V, G), _ = _inputs((2, 6, 512, D), (2, 6, 512, D), seed=17)
+    scale = D ** -0.5
+    res = {}
+    with _kernels(True):
+        out, lse, _ = gpu.attention(Q, K, V, causal, scale)
+        for name, kernel in gpu.BACKWARD_KERNELS.items():
+            with _backward_kernel(kernel):
+                res[name] = [_download(x) for x in gpu.attention_backward(G, Q, K, V, out, lse, causal, scale)]
+    base = res["cp.async 1x64"]
+    for name, grads in res.items():
+        for got, want, what in zip(grads, base, ("dq", "dk", "dv")):
+            assert _rel(got, want) < 1e-2, f"{name} {what}"
+        # dK and dV come from the same products in the same order
+        np.testing.assert_array_equal(grads[2], base[2], err_msg=f"{name} dv")

@@ -357,6 +357,7 @@ void backward(cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* do
 
 bool g_forward = true, g_backward = true;  // false turns a direction's Hopper kernel off
 int g_forward_kernel = 0;                   // attention_wgmma_forward_kernel
+int g_backward_kernel = 0;                  // attention_wgmma_backward_kernel
 
 bool usable(int device, int D) {
     return attention_wgmma_built() && (D == 32 || D == 64 || D == 128) && compute_capability(device) == 90;
@@ -390,6 +391,12 @@ int attention_wgmma_forward_kernel(int kernel) {
     return prev;
 }
 
+int attention_wgmma_backward_kernel(int kernel) {
+    const int prev = g_backward_kernel;
+    g_backward_kernel = kernel;
+    return prev;
+}
+
 bool attention_forward_wgmma(int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
                              const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
                              int T, int S, int D_, bool causal, float scale) {
@@ -411,6 +418,9 @@ bool attention_backward_wgmma(int device, cudaStream_t st, void* dk, void* dv, f
     if (!g_backward || !usable(device, D_) || !aligned16(q, lq) || !aligned16(k, lk) || !aligned16(v, lv) ||
         !aligned16(dout, lo))
         return false;
+    if (g_backward_kernel != 0 && attention_backward_ws(g_backward_kernel, st, dk, dv, dq_acc, dout, q, k, v, lse, delta,
+                                                        lq, lk, lv, lo, B, H, T, S, D_, causal, scale))
+        return true;
     if (D_ == 32) backward<32>(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale);
     else if (D_ == 64)
         backward<64>(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale);

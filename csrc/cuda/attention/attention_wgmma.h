@@ -23,6 +23,11 @@ bool attention_wgmma_backward(bool enabled);
 // attention_wgmma.cu's own, two warpgroups loading with cp.async); returns the previous choice
 int attention_wgmma_forward_kernel(int kernel);
 
+// Which backward kernel runs at head dims 64 and 128 (attention_bwd_ws.cu's warp-specialised ones:
+// 1 = 3 consumer warpgroups of 64 keys, 2 = 2 of them (at head dim 128 both are 2); 0 =
+// attention_wgmma.cu's own, one warpgroup a block loading with cp.async); returns the previous choice
+int attention_wgmma_backward_kernel(int kernel);
+
 // attention_fwd_ws.cu: the warp-specialised forward, as attention_forward_wgmma; false where it does
 // not apply (another head dim, or a layout TMA cannot describe)
 bool attention_forward_ws(int kernel, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
@@ -41,5 +46,12 @@ bool attention_backward_wgmma(int device, cudaStream_t st, void* dk, void* dv, f
                               const void* q, const void* k, const void* v, const float* lse, const float* delta,
                               AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
                               int D, bool causal, float scale);
+
+// attention_bwd_ws.cu: the warp-specialised backward's main pass, as attention_backward_wgmma; false
+// where it does not apply
+bool attention_backward_ws(int kernel, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
+                           const void* q, const void* k, const void* v, const float* lse, const float* delta,
+                           AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
+                           int D, bool causal, float scale);
 
 }  // namespace engine

@@ -21,7 +21,8 @@ from __future__ import annotations
 from .arrays import _CODE, Array, CudaArray, from_dlpack, synchronize, to_dlpack
 from .attention import (attention, attention_backward, attention_dropout_mask, attention_qkv, attention_qkv_backward,
                         attention_wgmma_backward, attention_wgmma_built, attention_wgmma_forward,
-                        attention_wgmma_forward_kernel, FORWARD_KERNELS)
+                        attention_wgmma_forward_kernel, attention_wgmma_backward_kernel, BACKWARD_KERNELS,
+                        FORWARD_KERNELS)
 from .creation import (arange, astype, astype_many, contiguous, copy_, copy_from_numpy_, device_copy, dtype_of,
                        from_numpy, full, to_numpy)
 from .elementwise import binary, gelu_backward, relu_backward, scale, unary, where
