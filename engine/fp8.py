@@ -6,9 +6,9 @@ gradients need) and W in E4M3, and the weight gradient dW = dy^T x on transposed
 (Hopper's FP8 GEMM takes both operands K-major; the casts write them in the same pass), written in
 float32 for the master weight; float32 accumulation, bf16 out, bias and GELU in the GEMM's epilogue as
 in bf16. In a layer with a bias the gradient's codes and their transpose come from the bias-gradient
-kernel (after the GELU backward in the MLP's first layer), in the pass that reads dy anyway. A GPT's head (F.linear_cross_entropy) runs
-its logits and dx in FP8, the cross-entropy kernel writing the gradient's E5M2 codes at a fixed scale
-(|softmax - onehot| <= 1), and its dW in bf16. The float32 master weights, the optimizer and the loss
+kernel (after the GELU backward in the MLP's first layer), in the pass that reads dy anyway. A GPT's
+head (F.linear_cross_entropy) runs its logits and dx in FP8, the cross-entropy kernel writing the
+gradient's E5M2 codes at a fixed scale (|softmax - onehot| <= 1), and its dW in bf16. The float32 master weights, the optimizer and the loss
 are those of bf16 autocast.
 
 Each tensor has its own scale (per-tensor scaling): q = fp8(x * scale), scale = fp8_max / the largest

@@ -94,22 +94,21 @@ def linear(x: CudaArray, w: CudaArray, b, activation: str | None):
     return (y, None) if activation is None else (unary("gelu", y), y)
 
 
-def _bias_grad(g: CudaArray, pre=None, db_dtype: DType | None = None, fp8_meta=None, transposed: bool = False,
-               keep_dpre: bool = True):
+def _bias_grad(g: CudaArray, pre=None, db_dtype: DType | None = None, fp8_meta=None, transposed: bool = False):
     """db (O,) = column sums of g (N, O), of db_dtype (None: g's; or float32); with pre, the GELU backward
     first, dpre = gelu'(pre) * g, in the same pass. With fp8_meta (bf16 g) the E5M2 codes of d (dpre with
     pre, g without) too, as a delayed-scaling cast with that meta would make them, and with `transposed`
-    their transpose as well (N a multiple of 16); keep_dpre False (with both): dpre is not written, the
-    codes being all its GEMMs read. -> (db, dpre or None, (d's codes, inverse scale, transposed codes or
-    None) or None), or Nones where the kernel does not apply (float64, a width not a multiple of 16
-    bytes, unaligned data)."""
+    their transpose as well (N a multiple of 16), and then no dpre: the codes are all its GEMMs read.
+    -> (db, dpre or None, (d's codes, inverse scale, transposed codes or None) or None), or Nones where
+    the kernel does not apply (float64, a width not a multiple of 16 bytes, unaligned data, a ragged N
+    for the transpose)."""
     db_dtype = g.dtype if db_dtype is None else db_dtype
-    if db_dtype not in (g.dtype, float32) or (transposed and g.shape[0] % 16):
+    if db_dtype not in (g.dtype, float32):
         return None, None, None
     N, O = g.shape
     db = _empty((O,), db_dtype, g.device)
-    write_dpre = pre is not None and (keep_dpre or fp8_meta is None or not transposed)
-    dpre = _empty(pre.shape, pre.dtype, pre.device) if write_dpre else None
+    transposed = transposed and fp8_meta is not None
+    dpre = _empty(pre.shape, pre.dtype, pre.device) if pre is not None and not transposed else None
     cast = None
     if fp8_meta is not None:
         cast = (_empty((N, O), uint8, g.device), _empty((1,), float32, g.device),
@@ -159,7 +158,7 @@ def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation
     # transpose where dw runs in FP8), and the GELU's bf16 dpre only if a GEMM falls back to it
     fused = fp8[2] if fp8 is not None and need[2] and not fp8[3] else None
     transposed = fused is not None and need[1] and fp8[4] is not None and grad.shape[0] % 16 == 0
-    db, dpre, cast = (_bias_grad(grad, pre if gelu else None, pdt, fused, transposed, keep_dpre=False) if need[2]
+    db, dpre, cast = (_bias_grad(grad, pre if gelu else None, pdt, fused, transposed) if need[2]
                       else (None, None, None))
     g_out = grad  # the output's gradient
     if gelu:
