@@ -1,8 +1,10 @@
 """The fused causal attention alone, forward and backward, bf16, on one GPU: engine's kernels next to
 PyTorch's scaled_dot_product_attention (cuDNN and FlashAttention backends) from the same run.
 
-Engine rows: the Hopper kernels (csrc/cuda/attention/attention_wgmma.cu) and the mma.sync kernels
-(csrc/cuda/attention/attention_mma.cu) they replace. Prints one
+Engine rows: the Hopper kernels (csrc/cuda/attention/attention_wgmma.cu, with the warp-specialised
+attention_fwd_ws.cu and attention_bwd_ws.cu it chooses by shape) and the mma.sync kernels
+(csrc/cuda/attention/attention_mma.cu) they replace; --forward-kernels / --backward-kernels add a
+row for each Hopper kernel named (all of them without names). Prints one
 JSON line per implementation: ms per call (mean over --iters after --warmup), TFLOP/s counting the
 causal half of the (B, H, T, T) products, and the ratio to PyTorch's fastest backend (above 1 is
 faster than PyTorch).
@@ -10,6 +12,7 @@ faster than PyTorch).
     python bench/attention.py                         # gpt2_124m's attention: B 16, H 12, T 1024, D 64
     python bench/attention.py --batch 64 --heads 6 --seq 256
     python bench/attention.py --heads 6 --head-dim 128          # the same width in heads of 128
+    python bench/attention.py --forward-kernels --backward-kernels     # every Hopper kernel
 """
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     __syncthreads();
 
     if (wg == 0) {  // the producer
-        tma::release_registers<32>();
+        tma::release_registers<RegisterSplit<NWG>::producer>();
         if (threadIdx.x == 0) {
             tma::arrive_expect_tx(kv_full, 2 * kKeys);
             load_rows<P, BKB>(sK, &tk, rows_inner & 2, kv_full, k0, h, b);
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         return;
     }
 
-    tma::claim_registers<NWG == 2 ? 240 : 160>();
+    tma::claim_registers<RegisterSplit<NWG>::consumer>();
     const int c = wg - 1;  // consumer c owns keys kc0 .. kc0 + 63
     if (c >= consumers) return;
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     __syncthreads();
 
     if (wg == 0) {  // the producer
-        tma::release_registers<NWG == 2 ? 24 : 32>();
+        tma::release_registers<RegisterSplit<NWG>::producer>();
         if (threadIdx.x == 0) {
             tma::arrive_expect_tx(q_full, kQ);
             load_rows<P, BM>(sQ, &tq, rows_inner & 1, q_full, q0, h, b);
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         return;
     }
 
-    tma::claim_registers<NWG == 2 ? 240 : 160>();
+    tma::claim_registers<RegisterSplit<NWG>::consumer>();
     const int c = wg - 1;  // consumer c owns queries q0 + 64 c ..
     if (c >= consumers) return;
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;

@@ -356,8 +356,21 @@ void backward(cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* do
 }
 
 bool g_forward = true, g_backward = true;  // false turns a direction's Hopper kernel off
-int g_forward_kernel = 0;                   // attention_wgmma_forward_kernel
-int g_backward_kernel = 0;                  // attention_wgmma_backward_kernel
+int g_forward_kernel = -1, g_backward_kernel = -1;  // attention_wgmma_{forward,backward}_kernel; -1: by shape
+
+// The kernels chosen by shape, from bench/attention.py on an H200 (docs/performance.md, "Attention
+// alone"): the warp-specialised ones run one block an SM, which pays where the sequence is long
+// (at T 1024: forward 3 x 128 0.109 ms against 0.119, backward 2 x 64 0.362 against 0.378 at head
+// dim 64; forward 0.091 against 0.131 at 128) and not at T 256 (0.037 against 0.030), where the
+// cp.async kernels' two blocks an SM overlap each other's start and end.
+int forward_kernel_for(int D, int T) {
+    if (g_forward_kernel >= 0) return g_forward_kernel;
+    return D == 128 ? 3 : D == 64 && T >= 512 ? 2 : 0;
+}
+int backward_kernel_for(int D, int S) {
+    if (g_backward_kernel >= 0) return g_backward_kernel;
+    return D == 128 || (D == 64 && S >= 512) ? 2 : 0;
+}
 
 bool usable(int device, int D) {
     return attention_wgmma_built() && (D == 32 || D == 64 || D == 128) && compute_capability(device) == 90;
@@ -402,8 +415,8 @@ bool attention_forward_wgmma(int device, cudaStream_t st, void* o, float* lse, c
                              int T, int S, int D_, bool causal, float scale) {
     if (!g_forward || !usable(device, D_) || !aligned16(q, lq) || !aligned16(k, lk) || !aligned16(v, lv) || lo.st % 2 != 0)
         return false;
-    if (g_forward_kernel != 0 &&
-        attention_forward_ws(g_forward_kernel, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, D_, causal, scale))
+    const int kernel = forward_kernel_for(D_, T);
+    if (kernel != 0 && attention_forward_ws(kernel, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, D_, causal, scale))
         return true;
     if (D_ == 32) forward<32>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
     else if (D_ == 64) forward<64>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
@@ -418,8 +431,9 @@ bool attention_backward_wgmma(int device, cudaStream_t st, void* dk, void* dv, f
     if (!g_backward || !usable(device, D_) || !aligned16(q, lq) || !aligned16(k, lk) || !aligned16(v, lv) ||
         !aligned16(dout, lo))
         return false;
-    if (g_backward_kernel != 0 && attention_backward_ws(g_backward_kernel, st, dk, dv, dq_acc, dout, q, k, v, lse, delta,
-                                                        lq, lk, lv, lo, B, H, T, S, D_, causal, scale))
+    const int kernel = backward_kernel_for(D_, S);
+    if (kernel != 0 && attention_backward_ws(kernel, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B,
+                                             H, T, S, D_, causal, scale))
         return true;
     if (D_ == 32) backward<32>(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale);
     else if (D_ == 64)

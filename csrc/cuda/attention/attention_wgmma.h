@@ -20,12 +20,14 @@ bool attention_wgmma_backward(bool enabled);
 
 // Which forward kernel runs at head dims 64 and 128 (attention_fwd_ws.cu's warp-specialised ones, by
 // consumer warpgroups and keys a tile: 1 = 2 x 128, 2 = 3 x 128, 3 = 2 x 64, 4 = 3 x 64; 0 =
-// attention_wgmma.cu's own, two warpgroups loading with cp.async); returns the previous choice
+// attention_wgmma.cu's own, two warpgroups loading with cp.async; -1, the default: by shape);
+// returns the previous choice
 int attention_wgmma_forward_kernel(int kernel);
 
 // Which backward kernel runs at head dims 64 and 128 (attention_bwd_ws.cu's warp-specialised ones:
 // 1 = 3 consumer warpgroups of 64 keys, 2 = 2 of them (at head dim 128 both are 2); 0 =
-// attention_wgmma.cu's own, one warpgroup a block loading with cp.async); returns the previous choice
+// attention_wgmma.cu's own, one warpgroup a block loading with cp.async; -1, the default: by shape);
+// returns the previous choice
 int attention_wgmma_backward_kernel(int kernel);
 
 // attention_fwd_ws.cu: the warp-specialised forward, as attention_forward_wgmma; false where it does

@@ -25,11 +25,11 @@ void bind_attention(py::module_& m) {
     m.def("attention_wgmma_backward", &attention_wgmma_backward, py::arg("enabled"),
           "whether the Hopper attention backward may run; returns the previous setting");
     m.def("attention_wgmma_forward_kernel", &attention_wgmma_forward_kernel, py::arg("kernel"),
-          "which Hopper forward kernel runs at head dims 64 and 128 (0: two warpgroups on cp.async; 1-4: the "
-          "warp-specialised ones, 2 or 3 consumer warpgroups x 128 or 64 keys a tile); returns the previous one");
+          "which Hopper forward kernel runs at head dims 64 and 128 (-1: by shape; 0: two warpgroups on cp.async; 1-4: "
+          "the warp-specialised ones, 2 or 3 consumer warpgroups x 128 or 64 keys a tile); returns the previous one");
     m.def("attention_wgmma_backward_kernel", &attention_wgmma_backward_kernel, py::arg("kernel"),
-          "which Hopper backward kernel runs at head dims 64 and 128 (0: one warpgroup a block on cp.async; 1, 2: "
-          "the warp-specialised ones with 3 or 2 consumer warpgroups of 64 keys); returns the previous one");
+          "which Hopper backward kernel runs at head dims 64 and 128 (-1: by shape; 0: one warpgroup a block on "
+          "cp.async; 1, 2: the warp-specialised ones with 3 or 2 consumer warpgroups of 64 keys); returns the previous one");
     m.def("attention_forward", [](int device, int dtype, addr o, addr lse, addr q, addr k, addr v,
                                   const std::vector<int64_t>& lq, const std::vector<int64_t>& lk,
                                   const std::vector<int64_t>& lv, const std::vector<int64_t>& lo, int B, int H, int T,

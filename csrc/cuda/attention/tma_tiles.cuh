@@ -1,6 +1,7 @@
 // TMA loads of the wgmma attention kernels' tiles (attention_fwd_ws.cu, attention_bwd_ws.cu): the
 // tensor map of q, k, v or dout (host), and a tile's rows of one head into its swizzled panels.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "attention/attention.h"
@@ -10,11 +11,15 @@
 namespace engine {
 namespace attn {
 
-// The TMA map of q, k or v (rows T or S of D elements): axes (d, rows, head, batch), or (d, head,
-// rows, batch) where the heads sit inside the rows (a packed qkv), so that each axis nests in the
-// next; a box is (64, box_rows) of one head. False where TMA cannot describe the layout.
+// The TMA map of q, k, v or dout (rows T or S of D elements): axes (d, rows, head, batch), or (d,
+// head, rows, batch) where the heads sit inside the rows (a packed qkv), so that each axis nests in
+// the next; a box is (64, box_rows) of one head. An axis of one element may carry any stride (the
+// launchers flatten the heads into the batch and pass a head stride of 0): it is given the span of
+// the axes inside it. False where TMA cannot describe the layout.
 inline bool make_map(CUtensorMap* map, bool* rows_inner, const void* base, AttnLayout l, int B, int H, int rows,
                      int D, int box_rows) {
+    if (H == 1) l.sh = (int64_t)rows * l.st;
+    if (B == 1) l.sb = std::max((int64_t)rows * l.st, (int64_t)H * l.sh);
     const bool ri = l.st <= l.sh;
     const uint64_t dims[4] = {(uint64_t)D, (uint64_t)(ri ? rows : H), (uint64_t)(ri ? H : rows), (uint64_t)B};
     const uint64_t strides[3] = {2 * (uint64_t)(ri ? l.st : l.sh), 2 * (uint64_t)(ri ? l.sh : l.st),
@@ -23,6 +28,18 @@ inline bool make_map(CUtensorMap* map, bool* rows_inner, const void* base, AttnL
     *rows_inner = ri;
     return tma::encode_bf16(map, base, 4, dims, strides, box);
 }
+
+// Registers a thread in a block of one producer and NWG consumer warpgroups, alone on its SM: the
+// producer keeps few, the consumers take the rest. setmaxnreg.inc waits until the producer's
+// setmaxnreg.dec has freed what it asks, so the consumers may ask for no more than that frees of
+// what the launch gave ((NWG + 1) * 128 threads, 65536 / threads each, a multiple of 8: 168 or 128).
+template <int NWG>
+struct RegisterSplit {
+    static_assert(NWG == 2 || NWG == 3, "two or three consumer warpgroups");
+    static constexpr int producer = NWG == 2 ? 24 : 32, consumer = NWG == 2 ? 240 : 160;
+    static constexpr int launch = 65536 / ((NWG + 1) * 128) / 8 * 8;
+    static_assert((launch - producer) * 128 >= (consumer - launch) * NWG * 128, "the consumers would wait forever");
+};
 
 // rows [row0, row0 + R) of head h, batch b -> the swizzled (R, D) tile at dst, panel by panel
 template <int P, int R>
