@@ -1,7 +1,8 @@
 // attention/: fused scaled-dot-product attention, forward and backward, with dropout. attention.cu:
 // the launchers (argument checks, and which kernels run: wgmma on Hopper, then mma.sync, then the
 // general WMMA kernels of attention_wmma.cuh); attention_dropout.{cuh,cu}: the dropout rule and the
-// mask/key kernels; attention_mma.cu, attention_wgmma.cu: the bf16 fast paths. bind.cpp: the Python
+// mask/key kernels; attention_mma.cu, attention_wgmma.cu (with the warp-specialised
+// attention_fwd_ws.cu and attention_bwd_ws.cu it chooses by shape): the bf16 fast paths. bind.cpp: the Python
 // bindings. Launchers take device pointers, sizes and the device index; work is queued on the
 // device's one stream and never waited for.
 #pragma once
