@@ -56,6 +56,38 @@ def _kernels(wgmma: bool):
 KERNELS = [pytest.param(True, id="wgmma"), pytest.param(False, id="mma")]
 
 
+@contextlib.contextmanager
+def _choice(choose, kernel: int):
+    """Run with `choose(kernel)` (attention_wgmma_forward_kernel or _backward_kernel), then put back
+    the previous choice."""
+    prev = choose(kernel)
+    try:
+        yield
+    finally:
+        choose(prev)
+
+
+def _forward_kernel(kernel: int):
+    return _choice(gpu.attention_wgmma_forward_kernel, kernel)
+
+
+def _backward_kernel(kernel: int):
+    return _choice(gpu.attention_wgmma_backward_kernel, kernel)
+
+
+# the warp-specialised kernels' shapes: partial tiles, T != S, T > S, a single query, causal blocks
+# whose consumers see different numbers of tiles, 1024 tokens
+WS_SHAPES = [(2, 3, 128, 128, True), (1, 2, 37, 130, True), (1, 1, 1, 9, True), (1, 3, 330, 400, True),
+             (1, 2, 200, 333, False), (1, 2, 130, 70, True), (1, 2, 448, 448, True), (2, 2, 1024, 1024, True)]
+
+
+@pytest.mark.parametrize("choose", [gpu.attention_wgmma_forward_kernel, gpu.attention_wgmma_backward_kernel],
+                         ids=["forward", "backward"])
+def test_an_unknown_kernel_is_refused(choose):
+    with pytest.raises(ValueError, match="not one of"):
+        choose(9)
+
+
 def test_default_build_has_the_hopper_kernel():
     if not _hopper():
         pytest.skip("needs a compute capability 9.0 GPU (H100 / H200)")
@@ -145,25 +177,9 @@ def test_reads_packed_qkv(wgmma, D):
 WS_KERNELS = [pytest.param(v, id=name.replace(" ", "_")) for name, v in gpu.FORWARD_KERNELS.items() if v > 0]
 
 
-@contextlib.contextmanager
-def _forward_kernel(kernel: int):
-    prev = gpu.attention_wgmma_forward_kernel(kernel)
-    try:
-        yield
-    finally:
-        gpu.attention_wgmma_forward_kernel(prev)
-
-
-def test_an_unknown_forward_kernel_is_refused():
-    with pytest.raises(ValueError, match="not one of"):
-        gpu.attention_wgmma_forward_kernel(9)
-
-
 @pytest.mark.parametrize("kernel", WS_KERNELS)
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("B,H,T,S,causal", [(2, 3, 128, 128, True), (1, 2, 37, 130, True), (1, 1, 1, 9, True),
-                                            (1, 3, 330, 400, True), (1, 2, 200, 333, False), (1, 2, 130, 70, True),
-                                            (1, 2, 448, 448, True), (2, 2, 1024, 1024, True)])
+@pytest.mark.parametrize("B,H,T,S,causal", WS_SHAPES)
 def test_warp_specialised_forward_matches_cpu(kernel, D, B, H, T, S, causal):
     """Partial query and key tiles (TMA's zero fill), T != S, T > S (queries that see no key), causal
     blocks whose consumers see different numbers of key tiles, and a single query."""
@@ -223,25 +239,9 @@ def test_warp_specialised_forward_matches_the_cp_async_kernel(causal, D):
 WS_BACKWARD = [pytest.param(v, id=name.replace(" ", "_")) for name, v in gpu.BACKWARD_KERNELS.items() if v > 0]
 
 
-@contextlib.contextmanager
-def _backward_kernel(kernel: int):
-    prev = gpu.attention_wgmma_backward_kernel(kernel)
-    try:
-        yield
-    finally:
-        gpu.attention_wgmma_backward_kernel(prev)
-
-
-def test_an_unknown_backward_kernel_is_refused():
-    with pytest.raises(ValueError, match="not one of"):
-        gpu.attention_wgmma_backward_kernel(7)
-
-
 @pytest.mark.parametrize("kernel", WS_BACKWARD)
 @pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("B,H,T,S,causal", [(2, 3, 128, 128, True), (1, 2, 37, 130, True), (1, 1, 1, 9, True),
-                                            (1, 3, 330, 400, True), (1, 2, 200, 333, False), (1, 2, 130, 70, True),
-                                            (1, 2, 448, 448, True), (2, 2, 1024, 1024, True)])
+@pytest.mark.parametrize("B,H,T,S,causal", WS_SHAPES)
 def test_warp_specialised_backward_matches_cpu(kernel, D, B, H, T, S, causal):
     """Partial key and query tiles, T != S, T > S, a single query, and causal blocks whose consumers
     skip different numbers of query tiles (or all of them: keys no query sees)."""
