@@ -13,10 +13,10 @@
 //   overlaps another's products.
 //
 // Under a causal mask a consumer may see fewer key tiles than the block loads (its queries are
-// earlier); it leaves the last ones without releasing them, which is safe while those are at most
-// the two stages the producer never waits on again (static_assert below).
+// earlier): it stores its output, then waits for the remaining ones and releases them unread.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "attention/attention_tiles.cuh"
@@ -34,194 +34,244 @@ using bf16 = __nv_bfloat16;
 using namespace attn;
 constexpr int kStages = 2;
 
-// grid ceil(T / BM) * B * H (attn::tile_order, heaviest first), (NWG + 1) * 128 threads
+// A persistent grid (at most one block an SM, (NWG + 1) * 128 threads): block i takes the query tiles
+// i, i + grid, ... of attn::tile_order (heaviest first), so that the producer loads the next tile's Q
+// (two buffers) and first K and V while the consumers finish the current one. The K/V ring runs on
+// across tiles: entry e of the block's walk sits in stage e % kStages.
 template <int D, int NWG, int BN>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, int rows_inner, bf16* __restrict__ o, float* __restrict__ lse,
-                  AttnLayout lo, int H, int Tq, int S, bool causal, float scale2) {
+                  AttnLayout lo, int B, int H, int Tq, int S, bool causal, float scale2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    static_assert((NWG - 1) * 64 <= kStages * BN, "a consumer may leave at most kStages tiles unreleased");
     constexpr int BM = 64 * NWG;
     using PD = Panels<D>;
     constexpr int P = PD::P, W = PD::W;
     constexpr uint32_t kQ = PD::tile_bytes(BM), kKV = PD::tile_bytes(BN);
     extern __shared__ unsigned char smem_raw[];
-    const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;  // Q (BM, D); K, V [kStages](BN, D), swizzled
-    const uint32_t sK = sQ + kQ, sV = sK + kStages * kKV;
-    // mbarriers: Q's, then per stage K full, V full, K empty, V empty
-    const uint32_t q_full = sV + kStages * kKV;
-    auto k_full = [&](int s) { return q_full + 8 + 32 * s; };
-    auto v_full = [&](int s) { return q_full + 16 + 32 * s; };
-    auto k_empty = [&](int s) { return q_full + 24 + 32 * s; };
-    auto v_empty = [&](int s) { return q_full + 32 + 32 * s; };
-
-    const TileOrder at = tile_order((Tq + BM - 1) / BM, H, /*heavy_last=*/true);
-    const int bh = at.bh, b = bh / H, h = bh % H, q0 = at.tile * BM, off = S - Tq;
-    const int kv_end = causal ? max(0, min(S, min(q0 + BM, Tq) + off)) : S;
-    const int ntiles = (kv_end + BN - 1) / BN;
-    const int consumers = min(NWG, (Tq - q0 + 63) / 64);  // warpgroups with queries
+    const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;  // Q [2](BM, D); K, V [kStages](BN, D), swizzled
+    const uint32_t sK = sQ + 2 * kQ, sV = sK + kStages * kKV;
+    // mbarriers: per Q buffer full, empty; per stage K full, V full, K empty, V empty
+    const uint32_t bars = sV + kStages * kKV;
+    auto q_full = [&](int buf) { return bars + 16 * buf; };
+    auto q_empty = [&](int buf) { return bars + 8 + 16 * buf; };
+    auto k_full = [&](int s) { return bars + 32 + 32 * s; };
+    auto v_full = [&](int s) { return bars + 40 + 32 * s; };
+    auto k_empty = [&](int s) { return bars + 48 + 32 * s; };
+    auto v_empty = [&](int s) { return bars + 56 + 32 * s; };
+    const int qtiles = (Tq + BM - 1) / BM, work = qtiles * B * H, off = S - Tq;
+    // a work item: its (batch, head), first query and the key tiles the block loads for it
+    struct Item {
+        int bh, b, h, q0, ntiles;
+    };
+    auto item = [&](int index) {
+        const TileOrder at = tile_order(qtiles, H, /*heavy_last=*/true, index);
+        const int q0 = at.tile * BM;
+        const int kv_end = causal ? max(0, min(S, min(q0 + BM, Tq) + off)) : S;
+        return Item{at.bh, at.bh / H, at.bh % H, q0, (kv_end + BN - 1) / BN};
+    };
     // the warpgroup's index through a shuffle, uniform to the compiler (else it serialises the wgmma)
     const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
     if (threadIdx.x == 0) {
-        tma::init(q_full, 1);
+        for (int i = 0; i < 2; ++i) {
+            tma::init(q_full(i), 1);
+            tma::init(q_empty(i), NWG * kArrivalsPerConsumer);
+        }
         for (int s = 0; s < kStages; ++s) {
             tma::init(k_full(s), 1);
             tma::init(v_full(s), 1);
-            tma::init(k_empty(s), consumers);
-            tma::init(v_empty(s), consumers);
+            tma::init(k_empty(s), NWG * kArrivalsPerConsumer);
+            tma::init(v_empty(s), NWG * kArrivalsPerConsumer);
         }
         tma::fence_init();
     }
     __syncthreads();
 
+    // Every consumer releases every Q buffer and K/V entry of every item, also those it does not read
+    // (queries past Tq, or keys past its causal end), each of its warps only after waiting for it to
+    // be full (attn::release), so that no arrival can fall into an earlier phase of the barrier.
     if (wg == 0) {  // the producer
         tma::release_registers<RegisterSplit<NWG>::producer>();
         if (threadIdx.x == 0) {
-            tma::arrive_expect_tx(q_full, kQ);
-            load_rows<P, BM>(sQ, &tq, rows_inner & 1, q_full, q0, h, b);
-            for (int j = 0; j < ntiles; ++j) {
-                const int s = j % kStages;
-                const uint32_t parity = ((j / kStages) & 1) ^ 1;  // the stage's previous use released
-                tma::wait(k_empty(s), parity);
-                tma::arrive_expect_tx(k_full(s), kKV);
-                load_rows<P, BN>(sK + s * kKV, &tk, rows_inner & 2, k_full(s), j * BN, h, b);
-                tma::wait(v_empty(s), parity);
-                tma::arrive_expect_tx(v_full(s), kKV);
-                load_rows<P, BN>(sV + s * kKV, &tv, rows_inner & 4, v_full(s), j * BN, h, b);
+            int e = 0;  // K/V entries loaded so far
+            for (int index = blockIdx.x, n = 0; index < work; index += gridDim.x, ++n) {
+                const Item it = item(index);
+                const int buf = n & 1;
+                tma::wait(q_empty(buf), ((n >> 1) & 1) ^ 1);  // the buffer's previous item released
+                tma::arrive_expect_tx(q_full(buf), kQ);
+                load_rows<P, BM>(sQ + buf * kQ, &tq, rows_inner & 1, q_full(buf), it.q0, it.h, it.b);
+                for (int j = 0; j < it.ntiles; ++j, ++e) {
+                    const int s = e % kStages;
+                    const uint32_t parity = ((e / kStages) & 1) ^ 1;  // the stage's previous entry released
+                    tma::wait(k_empty(s), parity);
+                    tma::arrive_expect_tx(k_full(s), kKV);
+                    load_rows<P, BN>(sK + s * kKV, &tk, rows_inner & 2, k_full(s), j * BN, it.h, it.b);
+                    tma::wait(v_empty(s), parity);
+                    tma::arrive_expect_tx(v_full(s), kKV);
+                    load_rows<P, BN>(sV + s * kKV, &tv, rows_inner & 4, v_full(s), j * BN, it.h, it.b);
+                }
             }
         }
         return;
     }
 
     tma::claim_registers<RegisterSplit<NWG>::consumer>();
-    const int c = wg - 1;  // consumer c owns queries q0 + 64 c ..
-    if (c >= consumers) return;
+    const int c = wg - 1;  // consumer c owns queries q0 + 64 c .. of each item
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const bool leader = (threadIdx.x & 127) == 0;  // releases the stages for its warpgroup
-    const int wq0 = q0 + c * 64;
-    const int wg_tiles = causal ? (max(0, min(S, min(wq0 + 64, Tq) + off)) + BN - 1) / BN : ntiles;
-    auto is_full = [&](int tile) {  // wholly inside the visible region for every row of the warpgroup
-        return (tile + 1) * BN <= S && (!causal || (tile + 1) * BN - 1 <= wq0 + off);
-    };
-    auto issue_s = [&](float (&s)[BN / 8][4], int tile, const uint64_t (&desc_q)[P]) {  // S = Q_wg K_tile^T
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-            const uint64_t desc_k = wgmma::desc(sK + tile % kStages * kKV + p * (BN * 128));
-#pragma unroll
-            for (int kk = 0; kk < W / 16; ++kk)
-                wgmma::mma_ss(s, desc_q[p] + 2 * kk, desc_k + 2 * kk, p > 0 || kk > 0);
-        }
-        wgmma::commit();
-    };
+    auto stage = [](int e) { return e % kStages; };
+    auto phase = [](int e) { return (uint32_t)((e / kStages) & 1); };
 
-    float acc[D / 8][4];
-    float s[BN / 8][4];
-    uint32_t pa[BN / 16][4];
-    zero(acc);
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];  // rows g, g + 8
-    const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
-    uint64_t desc_q[P];
+    int e0 = 0;  // the block's first K/V entry of the current item
+    for (int index = blockIdx.x, n = 0; index < work; index += gridDim.x, ++n) {
+        const Item itm = item(index);
+        const int buf = n & 1, q0 = itm.q0, ntiles = itm.ntiles;
+        const int wq0 = q0 + c * 64;
+        const int wg_tiles = wq0 >= Tq ? 0
+                             : causal ? (max(0, min(S, min(wq0 + 64, Tq) + off)) + BN - 1) / BN
+                                      : ntiles;
+        auto is_full = [&](int tile) {  // wholly inside the visible region for every row of the warpgroup
+            return (tile + 1) * BN <= S && (!causal || (tile + 1) * BN - 1 <= wq0 + off);
+        };
+        uint64_t desc_q[P];  // panel p of this warpgroup's 64 rows of Q
 #pragma unroll
-    for (int p = 0; p < P; ++p) desc_q[p] = wgmma::desc(sQ + p * (BM * 128) + c * 64 * 128);
+        for (int p = 0; p < P; ++p) desc_q[p] = wgmma::desc(sQ + buf * kQ + p * (BM * 128) + c * 64 * 128);
+        auto issue_s = [&](float (&s)[BN / 8][4], int e) {  // S = Q_wg K_e^T
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                const uint64_t desc_k = wgmma::desc(sK + stage(e) * kKV + p * (BN * 128));
+#pragma unroll
+                for (int kk = 0; kk < W / 16; ++kk)
+                    wgmma::mma_ss(s, desc_q[p] + 2 * kk, desc_k + 2 * kk, p > 0 || kk > 0);
+            }
+            wgmma::commit();
+        };
 
-    tma::wait(q_full, 0);
-    if (wg_tiles > 0) {  // S_0 and its softmax
-        tma::wait(k_full(0), 0);
-        wgmma::fence();
-        issue_s(s, 0, desc_q);
-        wgmma::wait<0>();
-        wgmma::hold(s);
-        if (leader) tma::arrive(k_empty(0));
-        softmax_step(s, m, l, alpha, is_full(0), 0, S, causal, row, off, t, scale2);
-        to_a_frags(pa, s);
-    }
-    // O += P_it V_it; with `next` (a compile-time flag: no wgmma sits in a branch), also S_{it+1} and its
-    // softmax, run while P V is on the tensor cores
-    auto step = [&](int it, auto next) {
-        if constexpr (next) tma::wait(k_full((it + 1) % kStages), ((it + 1) / kStages) & 1);
-        tma::wait(v_full(it % kStages), (it / kStages) & 1);
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {  // the previous tiles' output, rescaled to this tile's max
-            acc[j][0] *= alpha[0];
-            acc[j][1] *= alpha[0];
-            acc[j][2] *= alpha[1];
-            acc[j][3] *= alpha[1];
-        }
-        wgmma::hold(acc);  // the rescale stays before the fence
-        wgmma::fence();
-        if constexpr (next) issue_s(s, it + 1, desc_q);
-        // O_wg (64 x D) += P (64 x BN) V (BN x D), per panel of V; k-steps of 16 keys (16 rows: 2048 bytes)
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-            const uint64_t desc_v = wgmma::desc(sV + it % kStages * kKV + p * (BN * 128));
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-                wgmma::mma_rs_n_major(wgmma::columns<W>(acc, p * W), pa[kk], desc_v + 128 * kk);
-        }
-        wgmma::commit();
-        if constexpr (next) {
-            wgmma::wait<1>();
+        float acc[D / 8][4];
+        float s[BN / 8][4];
+        uint32_t pa[BN / 16][4];
+        zero(acc);
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];  // rows g, g + 8
+        const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
+
+        tma::wait(q_full(buf), (n >> 1) & 1);
+        if (wg_tiles == 0) release(q_empty(buf));
+        if (wg_tiles > 0) {  // S_0 and its softmax
+            tma::wait(k_full(stage(e0)), phase(e0));
+            wgmma::fence();
+            issue_s(s, e0);
+            wgmma::wait<0>();
             wgmma::hold(s);
-            if (leader) tma::arrive(k_empty((it + 1) % kStages));
-            softmax_step(s, m, l, alpha, is_full(it + 1), (it + 1) * BN, S, causal, row, off, t, scale2);
+            if (wg_tiles == 1) release(q_empty(buf));  // its last product with Q
+            release(k_empty(stage(e0)));
+            softmax_step(s, m, l, alpha, is_full(0), 0, S, causal, row, off, t, scale2);
+            to_a_frags(pa, s);
         }
-        wgmma::wait<0>();
-        wgmma::hold(acc);
-        wgmma::hold(pa);
-        if (leader) tma::arrive(v_empty(it % kStages));
-        if constexpr (next) to_a_frags(pa, s);
-    };
-    for (int it = 0; it < wg_tiles; ++it) {
-        if (it + 1 < wg_tiles) step(it, std::true_type{});  // branches uniform over the warpgroup
-        else step(it, std::false_type{});
+        // O += P_it V_it; with `next` (a compile-time flag: no wgmma sits in a branch), also S_{it+1} and
+        // its softmax, run while P V is on the tensor cores
+        auto step = [&](int it, auto next) {
+            const int e = e0 + it;
+            if constexpr (next) tma::wait(k_full(stage(e + 1)), phase(e + 1));
+            tma::wait(v_full(stage(e)), phase(e));
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {  // the previous tiles' output, rescaled to this tile's max
+                acc[j][0] *= alpha[0];
+                acc[j][1] *= alpha[0];
+                acc[j][2] *= alpha[1];
+                acc[j][3] *= alpha[1];
+            }
+            wgmma::hold(acc);  // the rescale stays before the fence
+            wgmma::fence();
+            if constexpr (next) issue_s(s, e + 1);
+            // O_wg (64 x D) += P (64 x BN) V (BN x D), per panel of V; k-steps of 16 keys (2048 bytes)
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                const uint64_t desc_v = wgmma::desc(sV + stage(e) * kKV + p * (BN * 128));
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk)
+                    wgmma::mma_rs_n_major(wgmma::columns<W>(acc, p * W), pa[kk], desc_v + 128 * kk);
+            }
+            wgmma::commit();
+            if constexpr (next) {
+                wgmma::wait<1>();
+                wgmma::hold(s);
+                if (it + 2 == wg_tiles) release(q_empty(buf));
+                release(k_empty(stage(e + 1)));
+                softmax_step(s, m, l, alpha, is_full(it + 1), (it + 1) * BN, S, causal, row, off, t, scale2);
+            }
+            wgmma::wait<0>();
+            wgmma::hold(acc);
+            wgmma::hold(pa);
+            release(v_empty(stage(e)));
+            if constexpr (next) to_a_frags(pa, s);
+        };
+        for (int it = 0; it < wg_tiles; ++it) {
+            if (it + 1 < wg_tiles) step(it, std::true_type{});  // branches uniform over the warpgroup
+            else step(it, std::false_type{});
+        }
+        if (wq0 < Tq)
+            store_output<D>(o + itm.b * lo.sb + itm.h * lo.sh, lo.st, lse + (int64_t)itm.bh * Tq, acc, l, m, row, Tq,
+                            t);
+        for (int e = e0 + wg_tiles; e < e0 + ntiles; ++e) {  // the entries past this warpgroup's causal end
+            tma::wait(k_full(stage(e)), phase(e));
+            release(k_empty(stage(e)));
+            tma::wait(v_full(stage(e)), phase(e));
+            release(v_empty(stage(e)));
+        }
+        e0 += ntiles;
     }
-    store_output<D>(o + b * lo.sb + h * lo.sh, lo.st, lse + (int64_t)bh * Tq, acc, l, m, row, Tq, t);
 #else
     __trap();  // built without sm_90a: attention_forward_ws never launches this
 #endif
 }
 
 template <int D, int NWG, int BN>
-bool forward(cudaStream_t st, void* o, float* lse, const void* q, const void* k, const void* v, AttnLayout lq,
-             AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
+bool forward(bool persistent, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
+             const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
+             bool causal, float scale) {
     constexpr int BM = 64 * NWG;
     CUtensorMap mq, mk, mv;
     bool rq, rk, rv;
     if (!make_map(&mq, &rq, q, lq, B, H, T, D, BM) || !make_map(&mk, &rk, k, lk, B, H, S, D, BN) ||
         !make_map(&mv, &rv, v, lv, B, H, S, D, BN))
         return false;
-    // Q, K and V [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
-    const int bytes = (int)Panels<D>::tile_bytes(BM + 2 * kStages * BN) + 8 * (1 + 4 * kStages) + 1024;
-    check(cudaFuncSetAttribute(fwd_ws_kernel<D, NWG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-          "attention");
-    const unsigned grid = (unsigned)(ceil_div(T, BM) * B * H);
-    fwd_ws_kernel<D, NWG, BN><<<grid, (NWG + 1) * 128, bytes, st>>>(
-        mq, mk, mv, (int)rq | (int)rk << 1 | (int)rv << 2, (bf16*)o, lse, lo, H, T, S, causal, scale * kLog2e);
+    // Q [2], K and V [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
+    const int bytes = (int)Panels<D>::tile_bytes(2 * BM + 2 * kStages * BN) + 8 * (4 + 4 * kStages) + 1024;
+    auto kernel = fwd_ws_kernel<D, NWG, BN>;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention");
+    // a block an item, or (persistent) at most a block an SM walking the items
+    const int64_t items = (int64_t)ceil_div(T, BM) * B * H;
+    const unsigned grid = (unsigned)(persistent ? std::min<int64_t>(items, sm_count(device)) : items);
+    kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, (int)rq | (int)rk << 1 | (int)rv << 2, (bf16*)o, lse, lo,
+                                                 B, H, T, S, causal, scale * kLog2e);
     return true;
 }
 
 }  // namespace
 
-bool attention_forward_ws(int kernel, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
+// kernel: consumers x keys a tile 1 2x128, 2 3x128, 3 2x64, 4 3x64; + 4 persistent
+bool attention_forward_ws(int kernel, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
                           const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
                           int T, int S, int D, bool causal, float scale) {
+    const bool persistent = kernel > 4;
+    const int variant = persistent ? kernel - 4 : kernel;
+#define ARGS persistent, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale
     if (D == 64) {
-        switch (kernel) {
-            case 1: return forward<64, 2, 128>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
-            case 2: return forward<64, 3, 128>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
-            case 3: return forward<64, 2, 64>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
-            case 4: return forward<64, 3, 64>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
+        switch (variant) {
+            case 1: return forward<64, 2, 128>(ARGS);
+            case 2: return forward<64, 3, 128>(ARGS);
+            case 3: return forward<64, 2, 64>(ARGS);
+            case 4: return forward<64, 3, 64>(ARGS);
             default: return false;
         }
     }
     if (D == 128) {  // three consumers would spill at 128 columns of output
-        switch (kernel) {
-            case 1: case 2: return forward<128, 2, 128>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
-            case 3: case 4: return forward<128, 2, 64>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
+        switch (variant) {
+            case 1: case 2: return forward<128, 2, 128>(ARGS);
+            case 3: case 4: return forward<128, 2, 64>(ARGS);
             default: return false;
         }
     }
+#undef ARGS
     return false;
 }
 

@@ -56,9 +56,13 @@ __device__ __forceinline__ void to_a_frags(uint32_t (&a)[N / 2][4], const float 
 struct TileOrder {
     int tile, bh;
 };
+// (work item `index` of a persistent kernel's walk, or the block's own)
+__device__ __forceinline__ TileOrder tile_order(int tiles, int H, bool heavy_last, int index) {
+    const int per_b = tiles * H, r = index % per_b, rank = r / H;
+    return {heavy_last ? tiles - 1 - rank : rank, index / per_b * H + r % H};
+}
 __device__ __forceinline__ TileOrder tile_order(int tiles, int H, bool heavy_last) {
-    const int per_b = tiles * H, r = blockIdx.x % per_b, rank = r / H;
-    return {heavy_last ? tiles - 1 - rank : rank, (int)(blockIdx.x / per_b) * H + r % H};
+    return tile_order(tiles, H, heavy_last, (int)blockIdx.x);
 }
 
 // A forward block's work (attn::tile_order, the heaviest, last query tile first): its (batch, head),

@@ -416,7 +416,7 @@ bool attention_forward_wgmma(int device, cudaStream_t st, void* o, float* lse, c
     if (!g_forward || !usable(device, D_) || !aligned16(q, lq) || !aligned16(k, lk) || !aligned16(v, lv) || lo.st % 2 != 0)
         return false;
     const int kernel = forward_kernel_for(D_, T);
-    if (kernel != 0 && attention_forward_ws(kernel, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, D_, causal, scale))
+    if (kernel != 0 && attention_forward_ws(kernel, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, D_, causal, scale))
         return true;
     if (D_ == 32) forward<32>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
     else if (D_ == 64) forward<64>(st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
@@ -432,7 +432,7 @@ bool attention_backward_wgmma(int device, cudaStream_t st, void* dk, void* dv, f
         !aligned16(dout, lo))
         return false;
     const int kernel = backward_kernel_for(D_, S);
-    if (kernel != 0 && attention_backward_ws(kernel, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B,
+    if (kernel != 0 && attention_backward_ws(kernel, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B,
                                              H, T, S, D_, causal, scale))
         return true;
     if (D_ == 32) backward<32>(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale);

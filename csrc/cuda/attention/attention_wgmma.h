@@ -32,7 +32,7 @@ int attention_wgmma_backward_kernel(int kernel);
 
 // attention_fwd_ws.cu: the warp-specialised forward, as attention_forward_wgmma; false where it does
 // not apply (another head dim, or a layout TMA cannot describe)
-bool attention_forward_ws(int kernel, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
+bool attention_forward_ws(int kernel, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
                           const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
                           int T, int S, int D, bool causal, float scale);
 
@@ -51,7 +51,7 @@ bool attention_backward_wgmma(int device, cudaStream_t st, void* dk, void* dv, f
 
 // attention_bwd_ws.cu: the warp-specialised backward's main pass, as attention_backward_wgmma; false
 // where it does not apply
-bool attention_backward_ws(int kernel, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
+bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
                            AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
                            int D, bool causal, float scale);

@@ -41,6 +41,17 @@ struct RegisterSplit {
     static_assert((launch - producer) * 128 >= (consumer - launch) * NWG * 128, "the consumers would wait forever");
 };
 
+// A consumer warpgroup frees a buffer with one arrival from each of its 4 warps, each made after that
+// warp's own wait on the buffer (and its reads of it): so the buffer's "full" barrier cannot complete
+// its next phase while any warp has yet to see this one. (With one arrival a warpgroup, a warp held
+// back, say by its output's stores, could find the barrier two phases on and wait on the aliased
+// parity for ever.) An "empty" barrier counts kArrivalsPerConsumer for each consumer warpgroup.
+constexpr int kArrivalsPerConsumer = 4;
+__device__ __forceinline__ void release(uint32_t empty_bar) {
+    __syncwarp();  // the warp's reads of the buffer, before its arrival
+    if ((threadIdx.x & 31) == 0) tma::arrive(empty_bar);
+}
+
 // rows [row0, row0 + R) of head h, batch b -> the swizzled (R, D) tile at dst, panel by panel
 template <int P, int R>
 __device__ __forceinline__ void load_rows(uint32_t dst, const CUtensorMap* map, bool rows_inner, uint32_t bar, int row0,

@@ -259,26 +259,32 @@ def attention_wgmma_backward(enabled: bool) -> bool:
     return native.attention_wgmma_backward(enabled)
 
 
-# forward kernels at head dims 64 and 128: consumer warpgroups x keys a tile of the warp-specialised ones
-FORWARD_KERNELS = {"by shape": -1, "cp.async 2x64": 0, "ws 2x128": 1, "ws 3x128": 2, "ws 2x64": 3, "ws 3x64": 4}
+# forward kernels at head dims 64 and 128: consumer warpgroups x keys a tile of the warp-specialised
+# ones, a block a work item or (persistent) at most a block an SM walking them
+FORWARD_KERNELS = {"by shape": -1, "cp.async 2x64": 0, "ws 2x128": 1, "ws 3x128": 2, "ws 2x64": 3, "ws 3x64": 4,
+                   "ws 2x128 persistent": 5, "ws 3x128 persistent": 6, "ws 2x64 persistent": 7,
+                   "ws 3x64 persistent": 8}
 
 
 def attention_wgmma_forward_kernel(kernel: int) -> int:
     """Which Hopper forward kernel runs at head dims 64 and 128 (a value of FORWARD_KERNELS: -1, the
-    default, chooses by shape; 0 is the two warpgroups loading with cp.async, 1-4 the warp-specialised
+    default, chooses by shape; 0 is the two warpgroups loading with cp.async, 1-8 the warp-specialised
     ones fed by TMA); returns the previous."""
     if kernel not in FORWARD_KERNELS.values():
         raise ValueError(f"attention_wgmma_forward_kernel: {kernel} is not one of {sorted(FORWARD_KERNELS.values())}")
     return native.attention_wgmma_forward_kernel(int(kernel))
 
 
-# backward kernels at head dims 64 and 128: consumer warpgroups (of 64 keys each) of the warp-specialised ones
-BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64": 2}
+# backward kernels at head dims 64 and 128: consumer warpgroups (of 64 keys each) of the warp-specialised
+# ones, with K and V read from shared memory or held in registers (head dim 64), a block a work item
+# or (persistent) at most a block an SM walking them
+BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64": 2, "ws 2x64 kv-regs": 3,
+                    "ws 3x64 persistent": 5, "ws 2x64 persistent": 6, "ws 2x64 kv-regs persistent": 7}
 
 
 def attention_wgmma_backward_kernel(kernel: int) -> int:
     """Which Hopper backward kernel runs at head dims 64 and 128 (a value of BACKWARD_KERNELS: -1, the
-    default, chooses by shape; 0 is one warpgroup a block loading with cp.async, 1 and 2 the
+    default, chooses by shape; 0 is one warpgroup a block loading with cp.async, the others the
     warp-specialised ones fed by TMA); returns the previous."""
     if kernel not in BACKWARD_KERNELS.values():
         raise ValueError(f"attention_wgmma_backward_kernel: {kernel} is not one of "
