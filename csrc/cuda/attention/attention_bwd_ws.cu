@@ -39,9 +39,9 @@ constexpr int kStages = 2, BRB = 64;  // query tiles of 64 rows
 // i, i + grid, ... of attn::tile_order (heaviest first), with K and V in two buffers (the next
 // item's load while this one runs) and the Q / dO ring running on across items: entry e of the
 // block's walk sits in stage e % kStages.
-// KVRegs: each consumer holds its K and V rows as A operands in registers, so that S^T and dP^T read
-// only Q and dO from shared memory (head dim 64, two consumers: the registers are there)
-template <int D, int NWG, bool KVRegs>
+// BulkDq: dQ's partial sums go into dq_acc by bulk reductions of whole rows (attn::reduce_dq, head
+// dim 64) instead of an atomic a pair of elements.
+template <int D, int NWG, bool BulkDq>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     bwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, int rows_inner,
@@ -52,14 +52,16 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     constexpr int BKB = 64 * NWG;
     using PD = Panels<D>;
     constexpr int P = PD::P, W = PD::W;
-    static_assert(!KVRegs || W == 64, "K and V in registers by k-steps of a 64-column panel");
+    static_assert(!BulkDq || D == 64, "dQ by rows of 64 floats");
+    constexpr uint32_t kDqRows = BulkDq ? 64 * kDqStride : 0;  // a consumer's staged dQ rows
     constexpr uint32_t kKeys = PD::tile_bytes(BKB), kTile = PD::tile_bytes(BRB), kPanel = 64 * 128;
     extern __shared__ unsigned char smem_raw[];
-    // K, V [2](BKB, D); Q, dO [kStages](64, D); dS^T (64, 64) a consumer; lse, delta [kStages][64];
-    // the mbarriers
+    // K, V [2](BKB, D); Q, dO [kStages](64, D); dS^T (64, 64) a consumer; (BulkDq) dQ's rows a
+    // consumer; lse, delta [kStages][64]; the mbarriers
     const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + 2 * kKeys;
     const uint32_t sQ = sV + 2 * kKeys, sdO = sQ + kStages * kTile, sdS0 = sdO + kStages * kTile;
-    float* sLse = reinterpret_cast<float*>(smem_raw + (sdS0 + NWG * kPanel - smem_addr(smem_raw)));
+    const uint32_t sDq0 = sdS0 + NWG * kPanel;
+    float* sLse = reinterpret_cast<float*>(smem_raw + (sDq0 + NWG * kDqRows - smem_addr(smem_raw)));
     float* sDelta = sLse + kStages * BRB;
     const uint32_t bars = smem_addr(sDelta + kStages * BRB);
     auto kv_full = [&](int buf) { return bars + 16 * buf; };
@@ -138,7 +140,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     tma::claim_registers<RegisterSplit<NWG>::consumer>();
     const int c = wg - 1;  // consumer c owns keys k0 + 64 c .. k0 + 64 c + 63 of each item
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t sdS = sdS0 + c * kPanel;
+    const uint32_t sdS = sdS0 + c * kPanel, sDq = sDq0 + c * kDqRows + warp * 16 * kDqStride;  // this warp's dQ rows
     unsigned char* sdS_ptr = smem_raw + (sdS - smem_addr(smem_raw));
     const uint64_t desc_ds = wgmma::desc(sdS);
     auto wg_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); };
@@ -163,15 +165,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 
         tma::wait(kv_full(buf), (n >> 1) & 1);
         if (skip >= ntiles) release(kv_empty(buf));
-        uint32_t kf[KVRegs ? D / 16 : 1][4], vf[KVRegs ? D / 16 : 1][4];  // (KVRegs) k-step kk of panel kk / 4
-        if constexpr (KVRegs) {
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const uint32_t panel = buf * kKeys + kk / 4 * (BKB * 128) + c * kPanel;
-                wgmma::load_a(kf[kk], sK + panel, warp * 16, kk % 4, lane);
-                wgmma::load_a(vf[kk], sV + panel, warp * 16, kk % 4, lane);
-            }
-        }
         for (int j = 0; j < ntiles; ++j) {
             const int entry = e0 + j, s = stage(entry), i0 = itm.i_begin + j * BRB;
             tma::wait(full(s), phase(entry));
@@ -190,17 +183,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #pragma unroll
             for (int p = 0; p < P; ++p)
 #pragma unroll
-                for (int kk = 0; kk < W / 16; ++kk) {
-                    if constexpr (KVRegs) wgmma::mma_rs(st, kf[p * 4 + kk], desc_q[p] + 2 * kk, p > 0 || kk > 0);
-                    else wgmma::mma_ss(st, desc_k[p] + 2 * kk, desc_q[p] + 2 * kk, p > 0 || kk > 0);
-                }
+                for (int kk = 0; kk < W / 16; ++kk)
+                    wgmma::mma_ss(st, desc_k[p] + 2 * kk, desc_q[p] + 2 * kk, p > 0 || kk > 0);
 #pragma unroll
             for (int p = 0; p < P; ++p)
 #pragma unroll
-                for (int kk = 0; kk < W / 16; ++kk) {
-                    if constexpr (KVRegs) wgmma::mma_rs(dpt, vf[p * 4 + kk], desc_do[p] + 2 * kk, p > 0 || kk > 0);
-                    else wgmma::mma_ss(dpt, desc_v[p] + 2 * kk, desc_do[p] + 2 * kk, p > 0 || kk > 0);
-                }
+                for (int kk = 0; kk < W / 16; ++kk)
+                    wgmma::mma_ss(dpt, desc_v[p] + 2 * kk, desc_do[p] + 2 * kk, p > 0 || kk > 0);
             wgmma::commit();
             wgmma::wait<0>();
             wgmma::hold(st);
@@ -268,7 +257,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     release(empty(s));  // every product that reads this stage's Q and dO is done
                 }
                 if (p == P - 1 && j + 1 == ntiles) release(kv_empty(buf));  // and, at the end, with K and V
-                add_dq(dq_bh, D, dq, i0 + warp * 16, p * W, Tq, g, t);
+                if constexpr (BulkDq)
+                    reduce_dq(dq_bh, dq, i0 + warp * 16, Tq, smem_raw + (sDq - smem_addr(smem_raw)), sDq, lane);
+                else
+                    add_dq(dq_bh, D, dq, i0 + warp * 16, p * W, Tq, g, t);
             }
             wg_sync();  // dS^T is rewritten next
         }
@@ -277,12 +269,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                                dk_acc, dv_acc, key, S, t, scale);
         e0 += ntiles;
     }
+    if constexpr (BulkDq) tma::wait_done<0>();  // the last reductions, before the block's shared memory goes
 #else
     __trap();  // built without sm_90a: attention_backward_ws never launches this
 #endif
 }
 
-template <int D, int NWG, bool KVRegs>
+template <int D, int NWG, bool BulkDq>
 bool backward(bool persistent, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
               const void* q, const void* k, const void* v, const float* lse, const float* delta, AttnLayout lq,
               AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
@@ -292,11 +285,11 @@ bool backward(bool persistent, int device, cudaStream_t st, void* dk, void* dv, 
     if (!make_map(&mq, &rq, q, lq, B, H, T, D, BRB) || !make_map(&mk, &rk, k, lk, B, H, S, D, BKB) ||
         !make_map(&mv, &rv, v, lv, B, H, S, D, BKB) || !make_map(&mdo, &rdo, dout, lo, B, H, T, D, BRB))
         return false;
-    // K, V [2](BKB, D); Q, dO [kStages]; dS^T a consumer; lse, delta [kStages]; the mbarriers; slack
-    // to align the tiles to 1024 bytes
-    const int bytes = (int)Panels<D>::tile_bytes(4 * BKB + 2 * kStages * BRB) + NWG * 64 * 128 + 2 * kStages * BRB * 4 +
-                      8 * (4 + 2 * kStages) + 1024;
-    auto kernel = bwd_ws_kernel<D, NWG, KVRegs>;
+    // K, V [2](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer; lse, delta [kStages];
+    // the mbarriers; slack to align the tiles to 1024 bytes
+    const int bytes = (int)Panels<D>::tile_bytes(4 * BKB + 2 * kStages * BRB) + NWG * 64 * 128 +
+                      (BulkDq ? NWG * 64 * kDqStride : 0) + 2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 1024;
+    auto kernel = bwd_ws_kernel<D, NWG, BulkDq>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
     // a block an item, or (persistent) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(S, BKB) * B * H;
@@ -309,18 +302,17 @@ bool backward(bool persistent, int device, cudaStream_t st, void* dk, void* dv, 
 
 }  // namespace
 
-// kernel: 1 three consumers, 2 two, 3 two with K and V in registers (head dim 64); + 4 persistent
+// kernel: 1 three consumers, 2 two; + 4 persistent; + 8 dQ by bulk reductions (head dim 64)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
                            AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
                            int D, bool causal, float scale) {
     const int variant = kernel & 3;
-    const bool persistent = kernel & 4;
+    const bool persistent = kernel & 4, bulk = kernel & 8;
 #define ARGS persistent, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
-    if (D == 64 && variant == 1) return backward<64, 3, false>(ARGS);
-    if (D == 64 && variant == 2) return backward<64, 2, false>(ARGS);
-    if (D == 64 && variant == 3) return backward<64, 2, true>(ARGS);
-    if (D == 128 && variant != 0) return backward<128, 2, false>(ARGS);  // three consumers, or K and V in registers, would spill
+    if (D == 64 && variant == 1) return bulk ? backward<64, 3, true>(ARGS) : backward<64, 3, false>(ARGS);
+    if (D == 64 && variant == 2) return bulk ? backward<64, 2, true>(ARGS) : backward<64, 2, false>(ARGS);
+    if (D == 128 && variant != 0) return backward<128, 2, false>(ARGS);  // three consumers would spill at 128
 #undef ARGS
     return false;
 }

@@ -359,17 +359,21 @@ bool g_forward = true, g_backward = true;  // false turns a direction's Hopper k
 int g_forward_kernel = -1, g_backward_kernel = -1;  // attention_wgmma_{forward,backward}_kernel; -1: by shape
 
 // The kernels chosen by shape, from bench/attention.py on an H200 (docs/performance.md, "Attention
-// alone"): the warp-specialised ones run one block an SM, which pays where the sequence is long
-// (at T 1024: forward 3 x 128 0.109 ms against 0.119, backward 2 x 64 0.362 against 0.378 at head
-// dim 64; forward 0.091 against 0.131 at 128) and not at T 256 (0.037 against 0.030), where the
-// cp.async kernels' two blocks an SM overlap each other's start and end.
+// alone"; ms at B 16, T 1024, head dim 64 unless said):
+// - forward at head dim 64: ws 3 x 128 a block an item where T >= 512 (0.104 against cp.async's
+//   0.120 and 0.130 persistent: a static walk balances the causal items worse than the hardware's
+//   block scheduler), persistent ws 3 x 64 below (T 256: 0.0275 against 0.0296);
+// - forward at head dim 128: persistent ws 2 x 128 (0.084 against 0.090 a block an item);
+// - backward at head dim 64: ws 3 x 64 with dQ's bulk reductions from S 256 (0.321 against 0.368
+//   with atomics and 0.377 for cp.async; T 256: 0.1026 against 0.1043); at 128 ws 2 x 64 (0.377
+//   against 0.388).
 int forward_kernel_for(int D, int T) {
     if (g_forward_kernel >= 0) return g_forward_kernel;
-    return D == 128 ? 3 : D == 64 && T >= 512 ? 2 : 0;
+    return D == 128 ? 5 : D == 64 ? (T >= 512 ? 2 : 8) : 0;
 }
 int backward_kernel_for(int D, int S) {
     if (g_backward_kernel >= 0) return g_backward_kernel;
-    return D == 128 || (D == 64 && S >= 512) ? 2 : 0;
+    return D == 128 ? 2 : D == 64 && S >= 256 ? 9 : 0;
 }
 
 bool usable(int device, int D) {

@@ -52,6 +52,29 @@ __device__ __forceinline__ void release(uint32_t empty_bar) {
     if ((threadIdx.x & 31) == 0) tma::arrive(empty_bar);
 }
 
+// dQ's float32 partial sums of a 64-query tile (head dim 64) added into dq_acc by the L2's bulk
+// reductions instead of an atomic a pair of elements: each warp stages its 16 rows in shared memory
+// (rows kDqStride bytes apart, so that a half-warp's 8-byte stores meet no bank twice), then its
+// lanes 0-15 each reduce one row of 256 bytes into dq_bh (rows of 64 floats).
+constexpr int kDqStride = 72 * 4;
+__device__ __forceinline__ void reduce_dq(float* dq_bh, const float (&dq)[8][4], int qrow, int Tq,
+                                          unsigned char* rows, uint32_t rows_addr, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    tma::wait_read<0>();  // this lane's reductions of the previous tile have read their rows
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        *reinterpret_cast<float2*>(rows + g * kDqStride + (8 * j + 2 * t) * 4) = make_float2(dq[j][0], dq[j][1]);
+        *reinterpret_cast<float2*>(rows + (g + 8) * kDqStride + (8 * j + 2 * t) * 4) = make_float2(dq[j][2], dq[j][3]);
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before the bulk reads
+    __syncwarp();
+    if (lane < 16 && qrow + lane < Tq) {
+        tma::reduce_add_f32(dq_bh + (int64_t)(qrow + lane) * 64, rows_addr + lane * kDqStride, 64 * 4);
+        tma::commit();
+    }
+}
+
 // rows [row0, row0 + R) of head h, batch b -> the swizzled (R, D) tile at dst, panel by panel
 template <int P, int R>
 __device__ __forceinline__ void load_rows(uint32_t dst, const CUtensorMap* map, bool rows_inner, uint32_t bar, int row0,

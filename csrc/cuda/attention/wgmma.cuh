@@ -116,31 +116,6 @@ __device__ __forceinline__ void mma_rs_n_major(float (&d)[4][4], const uint32_t 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
-// d (64 x 64) = (accumulate ? d : 0) + A (64 x 16, registers) B (16 x 64, K-major tile)
-__device__ __forceinline__ void mma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{"
-        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-        : FRAG(d, 0), FRAG(d, 1), FRAG(d, 2), FRAG(d, 3), FRAG(d, 4), FRAG(d, 5), FRAG(d, 6), FRAG(d, 7)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"((int)accumulate));
-}
-
-// The A operand (registers) of this thread's warp for rows row0 .. row0 + 15 and the 16 columns of
-// k-step kk (0 .. 3) of the swizzled (rows, 64) tile at shared address `tile`, by ldmatrix: lane i
-// names row i % 16 of chunk 2 kk + i / 16, so that a[0..3] are (rows 0-7, 8-15) x (columns 0-7, 8-15)
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row0, int kk, int lane) {
-    const uint32_t addr = tile + swizzled(row0 + (lane & 15), 2 * kk + (lane >> 4));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"(addr)
-                 : "memory");
-}
-
 // the N / 8 accumulator fragments of columns [first, first + N) of a wider accumulator (the panels of
 // a head dim of 128)
 template <int N, int M>

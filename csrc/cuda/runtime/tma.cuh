@@ -50,6 +50,25 @@ __device__ __forceinline__ void load_4d(uint32_t dst, const CUtensorMap* map, ui
         : "memory");
 }
 
+// bytes (a multiple of 16) of float32 at shared address src added into global dst (16-byte aligned)
+// by the L2, asynchronously: a bulk group of this thread's, which commit() closes
+__device__ __forceinline__ void reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// until at most N of this thread's bulk groups are still reading their shared memory
+template <int N>
+__device__ __forceinline__ void wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// until at most N of this thread's bulk groups are still running (their writes done)
+template <int N>
+__device__ __forceinline__ void wait_done() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Warp-specialised kernels hand registers from the warpgroup that only issues loads to the ones that
 // compute (every warp of the warpgroup executes it; the counts are multiples of 8, 24 to 256)
 template <int N>

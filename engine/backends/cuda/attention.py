@@ -263,7 +263,7 @@ def attention_wgmma_backward(enabled: bool) -> bool:
 # ones, a block a work item or (persistent) at most a block an SM walking them
 FORWARD_KERNELS = {"by shape": -1, "cp.async 2x64": 0, "ws 2x128": 1, "ws 3x128": 2, "ws 2x64": 3, "ws 3x64": 4,
                    "ws 2x128 persistent": 5, "ws 3x128 persistent": 6, "ws 2x64 persistent": 7,
-                   "ws 3x64 persistent": 8}
+                   "ws 3x64 persistent": 8, "ws 3x128 poly2": 9, "ws 3x128 poly4": 10, "ws 3x64 persistent poly4": 11}
 
 
 def attention_wgmma_forward_kernel(kernel: int) -> int:
@@ -276,10 +276,10 @@ def attention_wgmma_forward_kernel(kernel: int) -> int:
 
 
 # backward kernels at head dims 64 and 128: consumer warpgroups (of 64 keys each) of the warp-specialised
-# ones, with K and V read from shared memory or held in registers (head dim 64), a block a work item
-# or (persistent) at most a block an SM walking them
-BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64": 2, "ws 2x64 kv-regs": 3,
-                    "ws 3x64 persistent": 5, "ws 2x64 persistent": 6, "ws 2x64 kv-regs persistent": 7}
+# ones, dQ added by atomics or by bulk reductions of whole rows (head dim 64), a block a work item or
+# (persistent) at most a block an SM walking them
+BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64": 2, "ws 3x64 persistent": 5,
+                    "ws 2x64 persistent": 6, "ws 3x64 bulk-dq": 9, "ws 2x64 bulk-dq": 10}
 
 
 def attention_wgmma_backward_kernel(kernel: int) -> int:
