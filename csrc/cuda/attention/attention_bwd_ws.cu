@@ -10,7 +10,8 @@
 //   and its second warp stages the tile's lse (log2 domain) and delta beside them, each lane arriving
 //   on the same "full" barrier;
 // - each consumer runs attention_wgmma.cu's iteration on its 64 keys (S^T, dP^T; P^T, dS^T in
-//   registers; dV, dK, and dQ = dS K added into dq_acc by atomics), synchronising only within its
+//   registers; dV, dK, and dQ = dS K added into dq_acc by atomics or, at head dim 64, by the L2's
+//   bulk reductions of whole rows staged in shared memory), synchronising only within its
 //   warpgroup (a named barrier), so the warpgroups drift apart and one's elementwise step overlaps
 //   another's products.
 //
@@ -35,10 +36,10 @@ using bf16 = __nv_bfloat16;
 using namespace attn;
 constexpr int kStages = 2, BRB = 64;  // query tiles of 64 rows
 
-// A persistent grid (at most one block an SM, (NWG + 1) * 128 threads): block i takes the key tiles
-// i, i + grid, ... of attn::tile_order (heaviest first), with K and V in two buffers (the next
-// item's load while this one runs) and the Q / dO ring running on across items: entry e of the
-// block's walk sits in stage e % kStages.
+// (NWG + 1) * 128 threads, one block an SM. Block i takes the key tiles (work items) i, i + grid, ...
+// of attn::tile_order (heaviest first): a grid of one block an item, or a persistent one of at most a
+// block an SM, with K and V in two buffers (the next item's load while this one runs). The Q / dO
+// ring runs on across items: entry e of the block's walk sits in stage e % kStages.
 // BulkDq: dQ's partial sums go into dq_acc by bulk reductions of whole rows (attn::reduce_dq, head
 // dim 64) instead of an atomic a pair of elements.
 template <int D, int NWG, bool BulkDq>

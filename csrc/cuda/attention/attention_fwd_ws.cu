@@ -34,12 +34,12 @@ using bf16 = __nv_bfloat16;
 using namespace attn;
 constexpr int kStages = 2;
 
-// A persistent grid (at most one block an SM, (NWG + 1) * 128 threads): block i takes the query tiles
-// i, i + grid, ... of attn::tile_order (heaviest first), so that the producer loads the next tile's Q
-// (two buffers) and first K and V while the consumers finish the current one. The K/V ring runs on
-// across tiles: entry e of the block's walk sits in stage e % kStages.
-// PolyEvery: softmax_step's share of exponentials on the FMA pipe (0: none)
-template <int D, int NWG, int BN, int PolyEvery>
+// (NWG + 1) * 128 threads, one block an SM. Block i takes the query tiles (work items) i, i + grid, ...
+// of attn::tile_order (heaviest first): a grid of one block an item, or a persistent one of at most a
+// block an SM, where the producer loads the next item's Q (two buffers) and first K and V while the
+// consumers finish the current one. The K/V ring runs on across items: entry e of the block's walk
+// sits in stage e % kStages.
+template <int D, int NWG, int BN>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, int rows_inner, bf16* __restrict__ o, float* __restrict__ lse,
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             wgmma::hold(s);
             if (wg_tiles == 1) release(q_empty(buf));  // its last product with Q
             release(k_empty(stage(e0)));
-            softmax_step<BN / 8, PolyEvery>(s, m, l, alpha, is_full(0), 0, S, causal, row, off, t, scale2);
+            softmax_step(s, m, l, alpha, is_full(0), 0, S, causal, row, off, t, scale2);
             to_a_frags(pa, s);
         }
         // O += P_it V_it; with `next` (a compile-time flag: no wgmma sits in a branch), also S_{it+1} and
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 wgmma::hold(s);
                 if (it + 2 == wg_tiles) release(q_empty(buf));
                 release(k_empty(stage(e + 1)));
-                softmax_step<BN / 8, PolyEvery>(s, m, l, alpha, is_full(it + 1), (it + 1) * BN, S, causal, row, off, t, scale2);
+                softmax_step(s, m, l, alpha, is_full(it + 1), (it + 1) * BN, S, causal, row, off, t, scale2);
             }
             wgmma::wait<0>();
             wgmma::hold(acc);
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #endif
 }
 
-template <int D, int NWG, int BN, int PolyEvery = 0>
+template <int D, int NWG, int BN>
 bool forward(bool persistent, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
              const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
              bool causal, float scale) {
@@ -237,7 +237,7 @@ bool forward(bool persistent, int device, cudaStream_t st, void* o, float* lse, 
         return false;
     // Q [2], K and V [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
     const int bytes = (int)Panels<D>::tile_bytes(2 * BM + 2 * kStages * BN) + 8 * (4 + 4 * kStages) + 1024;
-    auto kernel = fwd_ws_kernel<D, NWG, BN, PolyEvery>;
+    auto kernel = fwd_ws_kernel<D, NWG, BN>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention");
     // a block an item, or (persistent) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(T, BM) * B * H;
@@ -253,9 +253,6 @@ bool forward(bool persistent, int device, cudaStream_t st, void* o, float* lse, 
 bool attention_forward_ws(int kernel, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
                           const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
                           int T, int S, int D, bool causal, float scale) {
-    if (D == 64 && kernel == 9) return forward<64, 3, 128, 2>(false, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
-    if (D == 64 && kernel == 10) return forward<64, 3, 128, 4>(false, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
-    if (D == 64 && kernel == 11) return forward<64, 3, 64, 4>(true, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale);
     const bool persistent = kernel > 4;
     const int variant = persistent ? kernel - 4 : kernel;
 #define ARGS persistent, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale

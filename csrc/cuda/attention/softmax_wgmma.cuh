@@ -21,18 +21,6 @@ __device__ __forceinline__ float ex2(float x) {
     return y;
 }
 
-// 2^x on the FMA pipe, for a share of a tile's exponentials that would otherwise queue at the SFU (16
-// a cycle an SM, against 128 FMAs): x = n + f with n = round(x) and f in [-0.5, 0.5], 2^f by a cubic
-// (relative error 1.0e-4, under the 2^-9 of the bf16 that P is rounded to), n added to its exponent.
-// 0 below -126 (a masked score is -inf).
-__device__ __forceinline__ float ex2_fma(float x) {
-    const float r = x + 12582912.f;  // 1.5 * 2^23: round(x) in the low bits of the mantissa
-    const float f = x - (r - 12582912.f);
-    const float p = fmaf(fmaf(fmaf(0.05500893f, f, 0.24221098f), f, 0.6932829f), f, 1.f);
-    const float y = __int_as_float(__float_as_int(p) + (__float_as_int(r) << 23));
-    return x < -126.f ? 0.f : y;
-}
-
 // Scores outside the mask -> -inf: keys >= S and, if causal, keys after the query (aligned bottom-
 // right: key <= query + off). Fragment layout: s[j][e] is (row[e / 2], key k0 + 8 j + 2 t + e % 2).
 template <int N>
@@ -50,8 +38,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[N][4], int k0, int S, boo
 // One tile's step of the online softmax in the log2 domain, on S (64 x BN) in registers: mask (unless
 // `full`), update the running max m (scaled) and sum l of rows g and g + 8, and leave
 // P = 2^(S scale2 - m) in s. Returns in alpha the factor that rescales the rows of the output so far.
-// With PolyEvery > 0, every PolyEvery-th fragment's exponentials run on the FMA pipe (ex2_fma).
-template <int N, int PolyEvery = 0>
+template <int N>
 __device__ __forceinline__ void softmax_step(float (&s)[N][4], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                              bool full, int k0, int S, bool causal, const int (&row)[2], int off,
                                              int t, float scale2) {
@@ -76,8 +63,7 @@ __device__ __forceinline__ void softmax_step(float (&s)[N][4], float (&m)[2], fl
     for (int j = 0; j < N; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float x = fmaf(s[j][e], scale2, -m_use[e >> 1]);
-            s[j][e] = PolyEvery > 0 && j % PolyEvery == PolyEvery - 1 ? ex2_fma(x) : ex2(x);
+            s[j][e] = ex2(fmaf(s[j][e], scale2, -m_use[e >> 1]));
             l[e >> 1] += s[j][e];  // this lane's share of the row sum; the quad is summed at the end
         }
 }

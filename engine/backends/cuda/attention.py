@@ -263,7 +263,7 @@ def attention_wgmma_backward(enabled: bool) -> bool:
 # ones, a block a work item or (persistent) at most a block an SM walking them
 FORWARD_KERNELS = {"by shape": -1, "cp.async 2x64": 0, "ws 2x128": 1, "ws 3x128": 2, "ws 2x64": 3, "ws 3x64": 4,
                    "ws 2x128 persistent": 5, "ws 3x128 persistent": 6, "ws 2x64 persistent": 7,
-                   "ws 3x64 persistent": 8, "ws 3x128 poly2": 9, "ws 3x128 poly4": 10, "ws 3x64 persistent poly4": 11}
+                   "ws 3x64 persistent": 8}
 
 
 def attention_wgmma_forward_kernel(kernel: int) -> int:
