@@ -34,6 +34,21 @@ using bf16 = __nv_bfloat16;
 using namespace attn;
 constexpr int kStages = 2;
 
+// The dynamic walk's counter of items handed out past each block's first: engine runs all of a
+// device's work on one stream, so one counter a device serves every launch. The fetch that hands
+// out the last value (the walk makes exactly `work` fetches: one per item past the first grid, and one
+// past the end per block) puts it back to 0 for the next launch.
+__device__ unsigned g_next_item;
+
+// a block's next item after `index`: the next of its static stride (next_item null), or the next
+// unclaimed one
+__device__ __forceinline__ int next_index(int index, int work, unsigned* next_item) {
+    if (next_item == nullptr) return index + (int)gridDim.x;
+    const unsigned taken = atomicAdd(next_item, 1u);
+    if (taken == (unsigned)work - 1) atomicExch(next_item, 0u);
+    return (int)(taken + gridDim.x);
+}
+
 // (NWG + 1) * 128 threads, one block an SM. Block i takes the query tiles (work items) i, i + grid, ...
 // of attn::tile_order (heaviest first): a grid of one block an item, or a persistent one of at most a
 // block an SM, where the producer loads the next item's Q (two buffers) and first K and V while the
@@ -43,7 +58,7 @@ template <int D, int NWG, int BN>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, int rows_inner, bf16* __restrict__ o, float* __restrict__ lse,
-                  AttnLayout lo, int B, int H, int Tq, int S, bool causal, float scale2) {
+                  AttnLayout lo, int B, int H, int Tq, int S, bool causal, float scale2, unsigned* next_item) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = 64 * NWG;
     using PD = Panels<D>;
@@ -60,6 +75,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     auto v_full = [&](int s) { return bars + 40 + 32 * s; };
     auto k_empty = [&](int s) { return bars + 48 + 32 * s; };
     auto v_empty = [&](int s) { return bars + 56 + 32 * s; };
+    // the item of each Q buffer, written by the producer before the buffer's "full" arrival
+    volatile int* item_of = reinterpret_cast<int*>(smem_raw + (bars + 32 + 32 * kStages - smem_addr(smem_raw)));
     const int qtiles = (Tq + BM - 1) / BM, work = qtiles * B * H, off = S - Tq;
     // a work item: its (batch, head), first query and the key tiles the block loads for it
     struct Item {
@@ -95,12 +112,18 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         tma::release_registers<RegisterSplit<NWG>::producer>();
         if (threadIdx.x == 0) {
             int e = 0;  // K/V entries loaded so far
-            for (int index = blockIdx.x, n = 0; index < work; index += gridDim.x, ++n) {
-                const Item it = item(index);
+            for (int index = blockIdx.x, n = 0;; ++n) {
                 const int buf = n & 1;
                 tma::wait(q_empty(buf), ((n >> 1) & 1) ^ 1);  // the buffer's previous item released
+                item_of[buf] = index;
+                if (index >= work) {  // the end of the walk, for the consumers
+                    tma::arrive(q_full(buf));
+                    break;
+                }
+                const Item it = item(index);
                 tma::arrive_expect_tx(q_full(buf), kQ);
                 load_rows<P, BM>(sQ + buf * kQ, &tq, rows_inner & 1, q_full(buf), it.q0, it.h, it.b);
+                index = next_index(index, work, next_item);
                 for (int j = 0; j < it.ntiles; ++j, ++e) {
                     const int s = e % kStages;
                     const uint32_t parity = ((e / kStages) & 1) ^ 1;  // the stage's previous entry released
@@ -123,9 +146,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     auto phase = [](int e) { return (uint32_t)((e / kStages) & 1); };
 
     int e0 = 0;  // the block's first K/V entry of the current item
-    for (int index = blockIdx.x, n = 0; index < work; index += gridDim.x, ++n) {
+    for (int n = 0;; ++n) {
+        const int buf = n & 1;
+        tma::wait(q_full(buf), (n >> 1) & 1);
+        const int index = item_of[buf];
+        if (index >= work) break;
         const Item itm = item(index);
-        const int buf = n & 1, q0 = itm.q0, ntiles = itm.ntiles;
+        const int q0 = itm.q0, ntiles = itm.ntiles;
         const int wq0 = q0 + c * 64;
         const int wg_tiles = wq0 >= Tq ? 0
                              : causal ? (max(0, min(S, min(wq0 + 64, Tq) + off)) + BN - 1) / BN
@@ -154,7 +181,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];  // rows g, g + 8
         const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
 
-        tma::wait(q_full(buf), (n >> 1) & 1);
         if (wg_tiles == 0) release(q_empty(buf));
         if (wg_tiles > 0) {  // S_0 and its softmax
             tma::wait(k_full(stage(e0)), phase(e0));
@@ -225,8 +251,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #endif
 }
 
+// the dynamic walk's counter on the current device
+unsigned* next_item_counter() {
+    static unsigned* counter[64] = {};
+    int device = 0;
+    check(cudaGetDevice(&device), "attention");
+    if (counter[device] == nullptr)
+        check(cudaGetSymbolAddress(reinterpret_cast<void**>(&counter[device]), g_next_item), "attention");
+    return counter[device];
+}
+
+// walk: 0 a block an item, 1 persistent and static, 2 persistent and dynamic
 template <int D, int NWG, int BN>
-bool forward(bool persistent, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
+bool forward(int walk, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
              const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
              bool causal, float scale) {
     constexpr int BM = 64 * NWG;
@@ -235,27 +272,29 @@ bool forward(bool persistent, int device, cudaStream_t st, void* o, float* lse, 
     if (!make_map(&mq, &rq, q, lq, B, H, T, D, BM) || !make_map(&mk, &rk, k, lk, B, H, S, D, BN) ||
         !make_map(&mv, &rv, v, lv, B, H, S, D, BN))
         return false;
-    // Q [2], K and V [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
-    const int bytes = (int)Panels<D>::tile_bytes(2 * BM + 2 * kStages * BN) + 8 * (4 + 4 * kStages) + 1024;
+    // Q [2], K and V [kStages]; the mbarriers and the Q buffers' items; slack to align the tiles
+    const int bytes = (int)Panels<D>::tile_bytes(2 * BM + 2 * kStages * BN) + 8 * (4 + 4 * kStages) + 8 + 1024;
     auto kernel = fwd_ws_kernel<D, NWG, BN>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention");
     // a block an item, or (persistent) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(T, BM) * B * H;
-    const unsigned grid = (unsigned)(persistent ? std::min<int64_t>(items, sm_count(device)) : items);
+    const unsigned grid = (unsigned)(walk > 0 ? std::min<int64_t>(items, sm_count(device)) : items);
     kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, (int)rq | (int)rk << 1 | (int)rv << 2, (bf16*)o, lse, lo,
-                                                 B, H, T, S, causal, scale * kLog2e);
+                                                 B, H, T, S, causal, scale * kLog2e,
+                                                 walk == 2 ? next_item_counter() : nullptr);
     return true;
 }
 
 }  // namespace
 
-// kernel: consumers x keys a tile 1 2x128, 2 3x128, 3 2x64, 4 3x64; + 4 persistent
+// kernel: consumers x keys a tile 1 2x128, 2 3x128, 3 2x64, 4 3x64; + 4 persistent, + 8 persistent
+// with a dynamic walk
 bool attention_forward_ws(int kernel, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
                           const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
                           int T, int S, int D, bool causal, float scale) {
-    const bool persistent = kernel > 4;
-    const int variant = persistent ? kernel - 4 : kernel;
-#define ARGS persistent, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale
+    if (kernel < 1 || kernel > 12) return false;
+    const int walk = (kernel - 1) / 4, variant = kernel - 4 * walk;
+#define ARGS walk, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale
     if (D == 64) {
         switch (variant) {
             case 1: return forward<64, 2, 128>(ARGS);

@@ -360,16 +360,16 @@ int g_forward_kernel = -1, g_backward_kernel = -1;  // attention_wgmma_{forward,
 
 // The kernels chosen by shape, from bench/attention.py on an H200 (docs/performance.md, "Attention
 // alone"; ms at B 16, T 1024, head dim 64 unless said):
-// - forward at head dim 64: ws 3 x 128 a block an item where T >= 512 (0.104 against cp.async's
-//   0.120 and 0.130 persistent: a static walk balances the causal items worse than the hardware's
-//   block scheduler), persistent ws 3 x 64 below (T 256: 0.0275 against 0.0296);
-// - forward at head dim 128: persistent ws 2 x 128 (0.084 against 0.090 a block an item);
+// - forward: the dynamic walk (at most a block an SM, each taking the next unclaimed item, heaviest
+//   first), ws 3 x 128 from T 512 (0.095 against 0.106 a block an item, 0.131 on a static stride and
+//   0.120 for cp.async), ws 3 x 64 below (T 256: 0.0280 against 0.0299), ws 2 x 128 at head dim 128
+//   (0.078 against 0.091 a block an item);
 // - backward at head dim 64: ws 3 x 64 with dQ's bulk reductions from S 256 (0.321 against 0.368
 //   with atomics and 0.377 for cp.async; T 256: 0.1026 against 0.1043); at 128 ws 2 x 64 (0.377
 //   against 0.388).
 int forward_kernel_for(int D, int T) {
     if (g_forward_kernel >= 0) return g_forward_kernel;
-    return D == 128 ? 5 : D == 64 ? (T >= 512 ? 2 : 8) : 0;
+    return D == 128 ? 9 : D == 64 ? (T >= 512 ? 10 : 12) : 0;
 }
 int backward_kernel_for(int D, int S) {
     if (g_backward_kernel >= 0) return g_backward_kernel;
