@@ -49,11 +49,13 @@ __device__ __forceinline__ int next_index(int index, int work, unsigned* next_it
     return (int)(taken + gridDim.x);
 }
 
-// (NWG + 1) * 128 threads, one block an SM. Block i takes the query tiles (work items) i, i + grid, ...
-// of attn::tile_order (heaviest first): a grid of one block an item, or a persistent one of at most a
-// block an SM, where the producer loads the next item's Q (two buffers) and first K and V while the
-// consumers finish the current one. The K/V ring runs on across items: entry e of the block's walk
-// sits in stage e % kStages.
+// (NWG + 1) * 128 threads, one block an SM. The work items are the query tiles in attn::tile_order
+// (heaviest first). The grid is one block an item, or a persistent one of at most a block an SM. In
+// a persistent grid, block i walks items i, i + grid, ... (static), or takes the next unclaimed one
+// from next_item (dynamic, next_index), and the producer loads the next item's Q (two buffers) and
+// first K and V while the consumers finish the current one. The producer writes each Q buffer's item
+// beside it (item_of) before the buffer's "full" arrival; an index past the end closes the walk. The
+// K/V ring runs on across items: entry e of the block's walk sits in stage e % kStages.
 template <int D, int NWG, int BN>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
