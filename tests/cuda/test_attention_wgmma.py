@@ -153,22 +153,33 @@ def test_matches_the_mma_kernels(causal, D):
     np.testing.assert_allclose(res["wgmma"][4], res["mma"][4], atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("wgmma", KERNELS)
-@pytest.mark.parametrize("D", [32, 64, 128])
-def test_reads_packed_qkv(wgmma, D):
-    """Q, K, V as strided views into one packed (B, T, 3 H D) projection, as in GPT."""
+def _packed_qkv(D, *choices, backward=True):
+    """Causal attention of a packed (B, T, 3 H D) projection (and its backward) on the GPU under the
+    context managers `choices`, and on the CPU: ((out, lse, dqkv), (out, lse, dqkv)) as float32 numpy
+    arrays, dqkv None without `backward`."""
     B, T, H = 2, 200, 4
     rng = np.random.default_rng(5)
     (QKV, qkv), (G, g) = _bf16(rng.standard_normal((B, T, 3 * H * D))), _bf16(rng.standard_normal((B, T, H * D)))
     scale = D ** -0.5
     out_c, lse_c, _ = cpu.attention_qkv(qkv, H, True, scale)
-    dqkv_c = cpu.attention_qkv_backward(g, qkv, out_c, lse_c, H, True, scale)
-    with _kernels(wgmma):
+    dqkv_c = cpu.attention_qkv_backward(g, qkv, out_c, lse_c, H, True, scale) if backward else None
+    with contextlib.ExitStack() as stack:
+        for choice in choices:
+            stack.enter_context(choice)
         out, lse, _ = gpu.attention_qkv(QKV, H, True, scale)
-        dqkv = gpu.attention_qkv_backward(G, QKV, out, lse, H, True, scale)
-    assert _rel(_download(out), out_c) < TOL
-    np.testing.assert_allclose(gpu.to_numpy(lse), lse_c, atol=TOL * 10, rtol=TOL)
-    assert _rel(_download(dqkv), dqkv_c) < 2 * TOL
+        dqkv = gpu.attention_qkv_backward(G, QKV, out, lse, H, True, scale) if backward else None
+    got = _download(out), gpu.to_numpy(lse), None if dqkv is None else _download(dqkv)
+    return got, (out_c, lse_c, dqkv_c)
+
+
+@pytest.mark.parametrize("wgmma", KERNELS)
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_reads_packed_qkv(wgmma, D):
+    """Q, K, V as strided views into one packed (B, T, 3 H D) projection, as in GPT."""
+    (out, lse, dqkv), (out_c, lse_c, dqkv_c) = _packed_qkv(D, _kernels(wgmma))
+    assert _rel(out, out_c) < TOL
+    np.testing.assert_allclose(lse, lse_c, atol=TOL * 10, rtol=TOL)
+    assert _rel(dqkv, dqkv_c) < 2 * TOL
 
 
 # ---- the warp-specialised forward kernels (attention_fwd_ws.cu: a TMA producer warpgroup, 2 or 3
@@ -201,15 +212,9 @@ def test_warp_specialised_forward_matches_cpu(kernel, D, B, H, T, S, causal):
 def test_warp_specialised_forward_reads_packed_qkv(kernel, D):
     """A packed (B, T, 3 H D) projection: the heads sit inside the rows, so the TMA map's axes are
     (d, head, rows, batch)."""
-    B, T, H = 2, 200, 4
-    rng = np.random.default_rng(5)
-    QKV, qkv = _bf16(rng.standard_normal((B, T, 3 * H * D)))
-    scale = D ** -0.5
-    out_c, lse_c, _ = cpu.attention_qkv(qkv, H, True, scale)
-    with _kernels(True), _forward_kernel(kernel):
-        out, lse, _ = gpu.attention_qkv(QKV, H, True, scale)
-    assert _rel(_download(out), out_c) < TOL
-    np.testing.assert_allclose(gpu.to_numpy(lse), lse_c, atol=TOL * 10, rtol=TOL)
+    (out, lse, _), (out_c, lse_c, _) = _packed_qkv(D, _kernels(True), _forward_kernel(kernel), backward=False)
+    assert _rel(out, out_c) < TOL
+    np.testing.assert_allclose(lse, lse_c, atol=TOL * 10, rtol=TOL)
 
 
 # (B, H, T): one work item a block of the persistent grid, and several (more items than an H200's 132 SMs)
@@ -259,16 +264,8 @@ def test_warp_specialised_backward_matches_cpu(kernel, D, B, H, T, S, causal):
 @pytest.mark.parametrize("kernel", WS_BACKWARD)
 @pytest.mark.parametrize("D", [64, 128])
 def test_warp_specialised_backward_reads_packed_qkv(kernel, D):
-    B, T, H = 2, 200, 4
-    rng = np.random.default_rng(5)
-    (QKV, qkv), (G, g) = _bf16(rng.standard_normal((B, T, 3 * H * D))), _bf16(rng.standard_normal((B, T, H * D)))
-    scale = D ** -0.5
-    out_c, lse_c, _ = cpu.attention_qkv(qkv, H, True, scale)
-    dqkv_c = cpu.attention_qkv_backward(g, qkv, out_c, lse_c, H, True, scale)
-    with _kernels(True), _backward_kernel(kernel):
-        out, lse, _ = gpu.attention_qkv(QKV, H, True, scale)
-        dqkv = gpu.attention_qkv_backward(G, QKV, out, lse, H, True, scale)
-    assert _rel(_download(dqkv), dqkv_c) < 2 * TOL
+    (_, _, dqkv), (_, _, dqkv_c) = _packed_qkv(D, _kernels(True), _backward_kernel(kernel))
+    assert _rel(dqkv, dqkv_c) < 2 * TOL
 
 
 @pytest.mark.parametrize("shape", GRIDS)
