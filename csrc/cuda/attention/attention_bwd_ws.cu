@@ -36,8 +36,11 @@ using bf16 = __nv_bfloat16;
 using namespace attn;
 constexpr int kStages = 2, BRB = 64;  // query tiles of 64 rows
 
+__device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
+
 // (NWG + 1) * 128 threads, one block an SM. Block i takes the key tiles (work items) i, i + grid, ...
-// of attn::tile_order (heaviest first): a grid of one block an item, or a persistent one of at most a
+// of attn::tile_order (heaviest first), or the next unclaimed one (a dynamic walk,
+// attn::next_index): a grid of one block an item, or a persistent one of at most a
 // block an SM, with K and V in two buffers (the next item's load while this one runs). The Q / dO
 // ring runs on across items: entry e of the block's walk sits in stage e % kStages.
 // BulkDq: dQ's partial sums go into dq_acc by bulk reductions of whole rows (attn::reduce_dq, head
@@ -48,7 +51,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, int rows_inner,
                   bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc,
                   const float* __restrict__ lse, const float* __restrict__ delta, AttnLayout lk, AttnLayout lv, int B,
-                  int H, int Tq, int S, bool causal, float scale, float scale2) {
+                  int H, int Tq, int S, bool causal, float scale, float scale2, unsigned* next_item) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BKB = 64 * NWG;
     using PD = Panels<D>;
@@ -69,6 +72,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     auto kv_empty = [&](int buf) { return bars + 8 + 16 * buf; };
     auto full = [&](int s) { return bars + 32 + 16 * s; };
     auto empty = [&](int s) { return bars + 40 + 16 * s; };
+    // the item of each K/V buffer, written by the producer before the buffer's "full" arrival
+    volatile int* item_of = reinterpret_cast<int*>(smem_raw + (bars + 32 + 16 * kStages - smem_addr(smem_raw)));
     auto stage = [](int e) { return e % kStages; };
     auto phase = [](int e) { return (uint32_t)((e / kStages) & 1); };
     const int ktiles = (S + BKB - 1) / BKB, work = ktiles * B * H, off = S - Tq;
@@ -102,13 +107,19 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         tma::release_registers<RegisterSplit<NWG>::producer>();
         if (threadIdx.x == 0) {
             int e = 0;  // Q/dO entries loaded so far
-            for (int index = blockIdx.x, n = 0; index < work; index += gridDim.x, ++n) {
-                const Item it = item(index);
+            for (int index = blockIdx.x, n = 0;; ++n) {
                 const int buf = n & 1;
                 tma::wait(kv_empty(buf), ((n >> 1) & 1) ^ 1);  // the buffer's previous item released
+                item_of[buf] = index;
+                if (index >= work) {  // the end of the walk, for the consumers and the lse / delta warp
+                    tma::arrive(kv_full(buf));
+                    break;
+                }
+                const Item it = item(index);
                 tma::arrive_expect_tx(kv_full(buf), 2 * kKeys);
                 load_rows<P, BKB>(sK + buf * kKeys, &tk, rows_inner & 2, kv_full(buf), it.k0, it.h, it.b);
                 load_rows<P, BKB>(sV + buf * kKeys, &tv, rows_inner & 4, kv_full(buf), it.k0, it.h, it.b);
+                index = next_index(index, work, next_item);
                 for (int j = 0; j < it.ntiles; ++j, ++e) {
                     const int s = stage(e), i0 = it.i_begin + j * BRB;
                     tma::wait(empty(s), phase(e) ^ 1);  // the stage's previous entry released
@@ -120,7 +131,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         } else if (threadIdx.x >> 5 == 1) {  // lse (log2 domain) and delta of each entry
             const int lane = threadIdx.x & 31;
             int e = 0;
-            for (int index = blockIdx.x; index < work; index += gridDim.x) {
+            for (int n = 0;; ++n) {
+                tma::wait(kv_full(n & 1), (n >> 1) & 1);  // the item's index is beside its K and V
+                const int index = item_of[n & 1];
+                if (index >= work) break;
                 const Item it = item(index);
                 for (int j = 0; j < it.ntiles; ++j, ++e) {
                     const int s = stage(e), i0 = it.i_begin + j * BRB;
@@ -147,9 +161,13 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     auto wg_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); };
 
     int e0 = 0;  // the block's first Q/dO entry of the current item
-    for (int index = blockIdx.x, n = 0; index < work; index += gridDim.x, ++n) {
+    for (int n = 0;; ++n) {
+        const int buf = n & 1;
+        tma::wait(kv_full(buf), (n >> 1) & 1);
+        const int index = item_of[buf];
+        if (index >= work) break;
         const Item itm = item(index);
-        const int buf = n & 1, kc0 = itm.k0 + 64 * c, ntiles = itm.ntiles;
+        const int kc0 = itm.k0 + 64 * c, ntiles = itm.ntiles;
         // query tiles this consumer skips: all where its keys are past S, else those wholly before its
         // first visible query
         const int skip = kc0 >= S ? ntiles : causal ? (max(0, kc0 - off) / BRB * BRB - itm.i_begin) / BRB : 0;
@@ -164,7 +182,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             desc_k[p] = wgmma::desc(sK + buf * kKeys + p * (BKB * 128) + c * kPanel),
             desc_v[p] = wgmma::desc(sV + buf * kKeys + p * (BKB * 128) + c * kPanel);
 
-        tma::wait(kv_full(buf), (n >> 1) & 1);
         if (skip >= ntiles) release(kv_empty(buf));
         for (int j = 0; j < ntiles; ++j) {
             const int entry = e0 + j, s = stage(entry), i0 = itm.i_begin + j * BRB;
@@ -276,8 +293,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #endif
 }
 
+unsigned* counters[64] = {};  // g_next_item's address on each device
+
+// walk: 0 a block an item, 1 persistent and static, 2 persistent and dynamic
 template <int D, int NWG, bool BulkDq>
-bool backward(bool persistent, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
+bool backward(int walk, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
               const void* q, const void* k, const void* v, const float* lse, const float* delta, AttnLayout lq,
               AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
     constexpr int BKB = 64 * NWG;
@@ -289,28 +309,30 @@ bool backward(bool persistent, int device, cudaStream_t st, void* dk, void* dv, 
     // K, V [2](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer; lse, delta [kStages];
     // the mbarriers; slack to align the tiles to 1024 bytes
     const int bytes = (int)Panels<D>::tile_bytes(4 * BKB + 2 * kStages * BRB) + NWG * 64 * 128 +
-                      (BulkDq ? NWG * 64 * kDqStride : 0) + 2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 1024;
+                      (BulkDq ? NWG * 64 * kDqStride : 0) + 2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
     auto kernel = bwd_ws_kernel<D, NWG, BulkDq>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
     // a block an item, or (persistent) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(S, BKB) * B * H;
-    const unsigned grid = (unsigned)(persistent ? std::min<int64_t>(items, sm_count(device)) : items);
+    const unsigned grid = (unsigned)(walk > 0 ? std::min<int64_t>(items, sm_count(device)) : items);
     kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, mdo, (int)rq | (int)rk << 1 | (int)rv << 2 | (int)rdo << 3,
                                                  (bf16*)dk, (bf16*)dv, dq_acc, lse, delta, lk, lv, B, H, T, S, causal,
-                                                 scale, scale * kLog2e);
+                                                 scale, scale * kLog2e, walk == 2 ? walk_counter(g_next_item, counters) : nullptr);
     return true;
 }
 
 }  // namespace
 
-// kernel: 1 three consumers, 2 two; + 4 persistent; + 8 dQ by bulk reductions (head dim 64)
+// kernel: 1 three consumers, 2 two; + 4 persistent; + 8 dQ by bulk reductions (head dim 64); + 16
+// persistent with a dynamic walk
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
                            AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
                            int D, bool causal, float scale) {
     const int variant = kernel & 3;
-    const bool persistent = kernel & 4, bulk = kernel & 8;
-#define ARGS persistent, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
+    const int walk = kernel & 16 ? 2 : kernel & 4 ? 1 : 0;
+    const bool bulk = kernel & 8;
+#define ARGS walk, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
     if (D == 64 && variant == 1) return bulk ? backward<64, 3, true>(ARGS) : backward<64, 3, false>(ARGS);
     if (D == 64 && variant == 2) return bulk ? backward<64, 2, true>(ARGS) : backward<64, 2, false>(ARGS);
     if (D == 128 && variant != 0) return backward<128, 2, false>(ARGS);  // three consumers would spill at 128

@@ -34,20 +34,7 @@ using bf16 = __nv_bfloat16;
 using namespace attn;
 constexpr int kStages = 2;
 
-// The dynamic walk's counter of items handed out past each block's first: engine runs all of a
-// device's work on one stream, so one counter a device serves every launch. The fetch that hands
-// out the last value (the walk makes exactly `work` fetches: one per item past the first grid, and one
-// past the end per block) puts it back to 0 for the next launch.
-__device__ unsigned g_next_item;
-
-// a block's next item after `index`: the next of its static stride (next_item null), or the next
-// unclaimed one
-__device__ __forceinline__ int next_index(int index, int work, unsigned* next_item) {
-    if (next_item == nullptr) return index + (int)gridDim.x;
-    const unsigned taken = atomicAdd(next_item, 1u);
-    if (taken == (unsigned)work - 1) atomicExch(next_item, 0u);
-    return (int)(taken + gridDim.x);
-}
+__device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
 
 // (NWG + 1) * 128 threads, one block an SM. The work items are the query tiles in attn::tile_order
 // (heaviest first). The grid is one block an item, or a persistent one of at most a block an SM. In
@@ -253,17 +240,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #endif
 }
 
-// the dynamic walk's counter on the current device
-unsigned* next_item_counter() {
-    static unsigned* counter[64] = {};
-    int device = 0;
-    check(cudaGetDevice(&device), "attention");
-    if (counter[device] == nullptr)
-        check(cudaGetSymbolAddress(reinterpret_cast<void**>(&counter[device]), g_next_item), "attention");
-    return counter[device];
-}
-
 // walk: 0 a block an item, 1 persistent and static, 2 persistent and dynamic
+unsigned* counters[64] = {};  // g_next_item's address on each device
+
 template <int D, int NWG, int BN>
 bool forward(int walk, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
              const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
@@ -283,7 +262,7 @@ bool forward(int walk, int device, cudaStream_t st, void* o, float* lse, const v
     const unsigned grid = (unsigned)(walk > 0 ? std::min<int64_t>(items, sm_count(device)) : items);
     kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, (int)rq | (int)rk << 1 | (int)rv << 2, (bf16*)o, lse, lo,
                                                  B, H, T, S, causal, scale * kLog2e,
-                                                 walk == 2 ? next_item_counter() : nullptr);
+                                                 walk == 2 ? walk_counter(g_next_item, counters) : nullptr);
     return true;
 }
 

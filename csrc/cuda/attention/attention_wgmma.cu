@@ -373,7 +373,7 @@ int forward_kernel_for(int D, int T) {
 }
 int backward_kernel_for(int D, int S) {
     if (g_backward_kernel >= 0) return g_backward_kernel;
-    return D == 128 ? 2 : D == 64 && S >= 256 ? 9 : 0;
+    return D == 128 ? 18 : D == 64 && S >= 256 ? 25 : 0;
 }
 
 bool usable(int device, int D) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "attention/attention.h"
+#include "runtime/runtime.h"
 #include "runtime/tma.cuh"
 #include "runtime/tma.h"
 
@@ -73,6 +74,27 @@ __device__ __forceinline__ void reduce_dq(float* dq_bh, const float (&dq)[8][4],
         tma::reduce_add_f32(dq_bh + (int64_t)(qrow + lane) * 64, rows_addr + lane * kDqStride, 64 * 4);
         tma::commit();
     }
+}
+
+// A persistent block's next work item after `index`: the next of its static stride (next_item
+// null), or the next unclaimed one from the counter next_item (a dynamic walk). A walk makes exactly
+// `work` fetches (one per item past the first grid, and one past the end per block); the fetch that
+// hands out the last value puts the counter back to 0 for the next launch.
+__device__ __forceinline__ int next_index(int index, int work, unsigned* next_item) {
+    if (next_item == nullptr) return index + (int)gridDim.x;
+    const unsigned taken = atomicAdd(next_item, 1u);
+    if (taken == (unsigned)work - 1) atomicExch(next_item, 0u);
+    return (int)(taken + gridDim.x);
+}
+
+// The device address of a kernel file's walk counter (a __device__ unsigned: engine runs all of a
+// device's work on one stream, so one counter a device serves every launch), looked up once a device
+inline unsigned* walk_counter(const unsigned& symbol, unsigned* (&cache)[64]) {
+    int device = 0;
+    check(cudaGetDevice(&device), "attention");
+    if (cache[device] == nullptr)
+        check(cudaGetSymbolAddress(reinterpret_cast<void**>(&cache[device]), symbol), "attention");
+    return cache[device];
 }
 
 // rows [row0, row0 + R) of head h, batch b -> the swizzled (R, D) tile at dst, panel by panel

@@ -281,7 +281,8 @@ def attention_wgmma_forward_kernel(kernel: int) -> int:
 # ones, dQ added by atomics or by bulk reductions of whole rows (head dim 64), a block a work item or
 # (persistent) at most a block an SM walking them
 BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64": 2, "ws 3x64 persistent": 5,
-                    "ws 2x64 persistent": 6, "ws 3x64 bulk-dq": 9, "ws 2x64 bulk-dq": 10}
+                    "ws 2x64 persistent": 6, "ws 3x64 bulk-dq": 9, "ws 2x64 bulk-dq": 10, "ws 2x64 dynamic": 18,
+                    "ws 3x64 bulk-dq dynamic": 25}
 
 
 def attention_wgmma_backward_kernel(kernel: int) -> int:
