@@ -23,6 +23,7 @@
 
 #include "attention/attention_tiles.cuh"
 #include "attention/attention_wgmma.h"
+#include "attention/backward_wgmma.cuh"
 #include "attention/softmax_wgmma.cuh"
 #include "attention/tma_tiles.cuh"
 #include "attention/wgmma.cuh"
@@ -38,10 +39,9 @@ constexpr int kStages = 2, BRB = 64;  // query tiles of 64 rows
 
 __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
 
-// (NWG + 1) * 128 threads, one block an SM. Block i takes the key tiles (work items) i, i + grid, ...
-// of attn::tile_order (heaviest first), or the next unclaimed one (a dynamic walk,
-// attn::next_index): a grid of one block an item, or a persistent one of at most a
-// block an SM, with K and V in two buffers (the next item's load while this one runs). The Q / dO
+// (NWG + 1) * 128 threads, one block an SM. Block i takes key tile (work item) i of attn::tile_order
+// (heaviest first), then, in a persistent grid of at most a block an SM, the next unclaimed one (a
+// dynamic walk, attn::next_index); K and V sit in two buffers (the next item's load while this one runs). The Q / dO
 // ring runs on across items: entry e of the block's walk sits in stage e % kStages.
 // BulkDq: dQ's partial sums go into dq_acc by bulk reductions of whole rows (attn::reduce_dq, head
 // dim 64) instead of an atomic a pair of elements.
@@ -195,64 +195,16 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             for (int p = 0; p < P; ++p)
                 desc_q[p] = wgmma::desc(sQ + s * kTile + p * kPanel),
                 desc_do[p] = wgmma::desc(sdO + s * kTile + p * kPanel);
-            // S^T = K Q^T, dP^T = V dO^T (64 keys x 64 queries each)
             float st[8][4], dpt[8][4];
-            wgmma::fence();
-#pragma unroll
-            for (int p = 0; p < P; ++p)
-#pragma unroll
-                for (int kk = 0; kk < W / 16; ++kk)
-                    wgmma::mma_ss(st, desc_k[p] + 2 * kk, desc_q[p] + 2 * kk, p > 0 || kk > 0);
-#pragma unroll
-            for (int p = 0; p < P; ++p)
-#pragma unroll
-                for (int kk = 0; kk < W / 16; ++kk)
-                    wgmma::mma_ss(dpt, desc_v[p] + 2 * kk, desc_do[p] + 2 * kk, p > 0 || kk > 0);
-            wgmma::commit();
+            issue_scores_t<P, W>(st, dpt, desc_k, desc_q, desc_v, desc_do);
             wgmma::wait<0>();
             wgmma::hold(st);
             wgmma::hold(dpt);
-            // P^T = 2^(S^T scale2 - lse2), dS^T = P^T (dP^T - delta); dS^T also to shared memory (swizzled
-            // (keys, queries)) for dQ. Tiles wholly inside the visible region skip the mask.
             const bool full_tile = kc0 + 64 <= S && (!causal || kc0 + 64 - 1 <= i0 + off);
             uint32_t pa[4][4], dsa[4][4];
-#pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
-                // columns jj 8 + 2 t, + 1
-                const float2 lse2 = *reinterpret_cast<const float2*>(sLse + s * BRB + jj * 8 + 2 * t);
-                const float2 delta2 = *reinterpret_cast<const float2*>(sDelta + s * BRB + jj * 8 + 2 * t);
-                float p[4], ds[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    p[e] = ex2(fmaf(st[jj][e], scale2, -(e & 1 ? lse2.y : lse2.x)));
-                    if (!full_tile) {
-                        const int qi = i0 + jj * 8 + 2 * t + (e & 1), kr = key[e >> 1];
-                        if (kr >= S || (causal && kr > qi + off)) p[e] = 0.f;
-                    }
-                    ds[e] = p[e] * (dpt[jj][e] - (e & 1 ? delta2.y : delta2.x));
-                }
-                pa[jj >> 1][(jj & 1) * 2] = pack_bf16(p[0], p[1]);
-                pa[jj >> 1][(jj & 1) * 2 + 1] = pack_bf16(p[2], p[3]);
-                dsa[jj >> 1][(jj & 1) * 2] = pack_bf16(ds[0], ds[1]);
-                dsa[jj >> 1][(jj & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
-                const int r0 = warp * 16 + g;  // rows r0 and r0 + 8 of dS^T; columns jj * 8 + 2 t, + 1
-                *reinterpret_cast<uint32_t*>(sdS_ptr + wgmma::swizzled(r0, jj) + 4 * t) = dsa[jj >> 1][(jj & 1) * 2];
-                *reinterpret_cast<uint32_t*>(sdS_ptr + wgmma::swizzled(r0 + 8, jj) + 4 * t) =
-                    dsa[jj >> 1][(jj & 1) * 2 + 1];
-            }
-            // dV += P^T dO;  dK += dS^T Q  (scale applied at the end); k-steps of 16 queries
-            wgmma::fence();
-#pragma unroll
-            for (int p = 0; p < P; ++p)
-#pragma unroll
-                for (int kk = 0; kk < BRB / 16; ++kk)
-                    wgmma::mma_rs_n_major(wgmma::columns<W>(dv_acc, p * W), pa[kk], desc_do[p] + 128 * kk);
-#pragma unroll
-            for (int p = 0; p < P; ++p)
-#pragma unroll
-                for (int kk = 0; kk < BRB / 16; ++kk)
-                    wgmma::mma_rs_n_major(wgmma::columns<W>(dk_acc, p * W), dsa[kk], desc_q[p] + 128 * kk);
-            wgmma::commit();
+            score_grads_t(st, dpt, sLse + s * BRB, sDelta + s * BRB, full_tile, i0, key, S, causal, off, scale2, warp, g,
+                          t, sdS_ptr, pa, dsa);
+            issue_key_grads<P, W, D>(dv_acc, dk_acc, pa, dsa, desc_do, desc_q);
             wgmma::fence_smem();  // dS^T's stores, before the warpgroup's wgmma reads them
             wg_sync();
             // dQ (64 queries x D) = dS (queries x keys, read M-major out of dS^T) K (keys x D, N-major),
@@ -295,9 +247,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 
 unsigned* counters[64] = {};  // g_next_item's address on each device
 
-// walk: 0 a block an item, 1 persistent and static, 2 persistent and dynamic
+// dynamic: a persistent grid walking the items dynamically, else a block an item
 template <int D, int NWG, bool BulkDq>
-bool backward(int walk, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
+bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
               const void* q, const void* k, const void* v, const float* lse, const float* delta, AttnLayout lq,
               AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
     constexpr int BKB = 64 * NWG;
@@ -312,27 +264,29 @@ bool backward(int walk, int device, cudaStream_t st, void* dk, void* dv, float* 
                       (BulkDq ? NWG * 64 * kDqStride : 0) + 2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
     auto kernel = bwd_ws_kernel<D, NWG, BulkDq>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
-    // a block an item, or (persistent) at most a block an SM walking the items
+    // a block an item, or (dynamic) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(S, BKB) * B * H;
-    const unsigned grid = (unsigned)(walk > 0 ? std::min<int64_t>(items, sm_count(device)) : items);
+    const unsigned grid = (unsigned)(dynamic ? std::min<int64_t>(items, sm_count(device)) : items);
     kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, mdo, (int)rq | (int)rk << 1 | (int)rv << 2 | (int)rdo << 3,
                                                  (bf16*)dk, (bf16*)dv, dq_acc, lse, delta, lk, lv, B, H, T, S, causal,
-                                                 scale, scale * kLog2e, walk == 2 ? walk_counter(g_next_item, counters) : nullptr);
+                                                 scale, scale * kLog2e, dynamic ? walk_counter(g_next_item, counters) : nullptr);
     return true;
 }
 
 }  // namespace
 
-// kernel: 1 three consumers, 2 two; + 4 persistent; + 8 dQ by bulk reductions (head dim 64); + 16
-// persistent with a dynamic walk
+// kernel: 1 three consumers, 2 two (a block an item); + 8 dQ by bulk reductions (head dim 64); + 16
+// persistent with a dynamic walk. (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54 ms
+// against 0.32-0.38 at gpt2_124m's shape.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
                            AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
                            int D, bool causal, float scale) {
     const int variant = kernel & 3;
-    const int walk = kernel & 16 ? 2 : kernel & 4 ? 1 : 0;
+    if (kernel & 4) return false;
+    const bool dynamic = kernel & 16;
     const bool bulk = kernel & 8;
-#define ARGS walk, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
+#define ARGS dynamic, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
     if (D == 64 && variant == 1) return bulk ? backward<64, 3, true>(ARGS) : backward<64, 3, false>(ARGS);
     if (D == 64 && variant == 2) return bulk ? backward<64, 2, true>(ARGS) : backward<64, 2, false>(ARGS);
     if (D == 128 && variant != 0) return backward<128, 2, false>(ARGS);  // three consumers would spill at 128

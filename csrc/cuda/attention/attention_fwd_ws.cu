@@ -38,16 +38,25 @@ __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_inde
 
 // (NWG + 1) * 128 threads, one block an SM. The work items are the query tiles in attn::tile_order
 // (heaviest first). The grid is one block an item, or a persistent one of at most a block an SM. In
-// a persistent grid, block i walks items i, i + grid, ... (static), or takes the next unclaimed one
-// from next_item (dynamic, next_index), and the producer loads the next item's Q (two buffers) and
-// first K and V while the consumers finish the current one. The producer writes each Q buffer's item
+// a persistent grid, block i takes item i, then the next unclaimed one from next_item (a dynamic
+// walk, next_index), and the producer loads the next item's Q (two buffers) and first K and V while
+// the consumers finish the current one. The producer writes each Q buffer's item
 // beside it (item_of) before the buffer's "full" arrival; an index past the end closes the walk. The
 // K/V ring runs on across items: entry e of the block's walk sits in stage e % kStages.
-template <int D, int NWG, int BN>
+//
+// With Turns (FlashAttention-3's scheduler barrier) the consumers take turns to issue their products:
+// a token goes round them on named barriers 1 .. NWG (consumer c's barrier: its own 128 threads wait,
+// the previous consumer's 128 arrive), so that one warpgroup's softmax runs while the next one's
+// products are on the tensor cores, instead of all three competing for them at once. Each consumer
+// takes the token once a K/V entry of every item (for S_0, then for each step that issues S_{j+1},
+// and once for each entry it skips), so the turns stay in step across warpgroups and items; it is
+// never held across a wait.
+template <int D, int NWG, int BN, bool Turns>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, int rows_inner, bf16* __restrict__ o, float* __restrict__ lse,
-                  AttnLayout lo, int B, int H, int Tq, int S, bool causal, float scale2, unsigned* next_item) {
+                  AttnLayout lo, int B, int H, int Tq, int S, int q_pad, bool causal, float scale2,
+                  unsigned* next_item) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = 64 * NWG;
     using PD = Panels<D>;
@@ -67,13 +76,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     // the item of each Q buffer, written by the producer before the buffer's "full" arrival
     volatile int* item_of = reinterpret_cast<int*>(smem_raw + (bars + 32 + 32 * kStages - smem_addr(smem_raw)));
     const int qtiles = (Tq + BM - 1) / BM, work = qtiles * B * H, off = S - Tq;
-    // a work item: its (batch, head), first query and the key tiles the block loads for it
+    // a work item: its (batch, head), first query (tile 0's is -q_pad: forward() says why) and the key
+    // tiles the block loads for it
     struct Item {
         int bh, b, h, q0, ntiles;
     };
     auto item = [&](int index) {
         const TileOrder at = tile_order(qtiles, H, /*heavy_last=*/true, index);
-        const int q0 = at.tile * BM;
+        const int q0 = at.tile * BM - q_pad;
         const int kv_end = causal ? max(0, min(S, min(q0 + BM, Tq) + off)) : S;
         return Item{at.bh, at.bh / H, at.bh % H, q0, (kv_end + BN - 1) / BN};
     };
@@ -131,6 +141,15 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     tma::claim_registers<RegisterSplit<NWG>::consumer>();
     const int c = wg - 1;  // consumer c owns queries q0 + 64 c .. of each item
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    auto wait_turn = [&] {
+        if constexpr (Turns) asm volatile("bar.sync %0, 256;\n" ::"r"(1 + c) : "memory");
+    };
+    auto pass_turn = [&] {
+        if constexpr (Turns) asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (c + 1) % NWG) : "memory");
+    };
+    if constexpr (Turns) {  // the first consumer holds the token first
+        if (c == 0) asm volatile("bar.arrive 1, 256;\n" ::: "memory");
+    }
     auto stage = [](int e) { return e % kStages; };
     auto phase = [](int e) { return (uint32_t)((e / kStages) & 1); };
 
@@ -143,7 +162,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         const Item itm = item(index);
         const int q0 = itm.q0, ntiles = itm.ntiles;
         const int wq0 = q0 + c * 64;
-        const int wg_tiles = wq0 >= Tq ? 0
+        const bool active = wq0 >= 0 && wq0 < Tq;  // (q_pad: whole warpgroups of the first tile lie before 0)
+        const int wg_tiles = !active ? 0
                              : causal ? (max(0, min(S, min(wq0 + 64, Tq) + off)) + BN - 1) / BN
                                       : ntiles;
         auto is_full = [&](int tile) {  // wholly inside the visible region for every row of the warpgroup
@@ -173,8 +193,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         if (wg_tiles == 0) release(q_empty(buf));
         if (wg_tiles > 0) {  // S_0 and its softmax
             tma::wait(k_full(stage(e0)), phase(e0));
+            wait_turn();
             wgmma::fence();
             issue_s(s, e0);
+            pass_turn();
             wgmma::wait<0>();
             wgmma::hold(s);
             if (wg_tiles == 1) release(q_empty(buf));  // its last product with Q
@@ -196,6 +218,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 acc[j][3] *= alpha[1];
             }
             wgmma::hold(acc);  // the rescale stays before the fence
+            if constexpr (next) wait_turn();
             wgmma::fence();
             if constexpr (next) issue_s(s, e + 1);
             // O_wg (64 x D) += P (64 x BN) V (BN x D), per panel of V; k-steps of 16 keys (2048 bytes)
@@ -208,6 +231,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             }
             wgmma::commit();
             if constexpr (next) {
+                pass_turn();
                 wgmma::wait<1>();
                 wgmma::hold(s);
                 if (it + 2 == wg_tiles) release(q_empty(buf));
@@ -224,10 +248,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             if (it + 1 < wg_tiles) step(it, std::true_type{});  // branches uniform over the warpgroup
             else step(it, std::false_type{});
         }
-        if (wq0 < Tq)
+        if (active)
             store_output<D>(o + itm.b * lo.sb + itm.h * lo.sh, lo.st, lse + (int64_t)itm.bh * Tq, acc, l, m, row, Tq,
                             t);
         for (int e = e0 + wg_tiles; e < e0 + ntiles; ++e) {  // the entries past this warpgroup's causal end
+            wait_turn();
+            pass_turn();
             tma::wait(k_full(stage(e)), phase(e));
             release(k_empty(stage(e)));
             tma::wait(v_full(stage(e)), phase(e));
@@ -240,11 +266,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #endif
 }
 
-// walk: 0 a block an item, 1 persistent and static, 2 persistent and dynamic
+// dynamic: a persistent grid walking the items dynamically, else a block an item
 unsigned* counters[64] = {};  // g_next_item's address on each device
 
-template <int D, int NWG, int BN>
-bool forward(int walk, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
+template <int D, int NWG, int BN, bool Turns>
+bool forward(bool dynamic, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
              const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
              bool causal, float scale) {
     constexpr int BM = 64 * NWG;
@@ -255,43 +281,54 @@ bool forward(int walk, int device, cudaStream_t st, void* o, float* lse, const v
         return false;
     // Q [2], K and V [kStages]; the mbarriers and the Q buffers' items; slack to align the tiles
     const int bytes = (int)Panels<D>::tile_bytes(2 * BM + 2 * kStages * BN) + 8 * (4 + 4 * kStages) + 8 + 1024;
-    auto kernel = fwd_ws_kernel<D, NWG, BN>;
+    auto kernel = fwd_ws_kernel<D, NWG, BN, Turns>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention");
-    // a block an item, or (persistent) at most a block an SM walking the items
+    // a block an item, or (dynamic) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(T, BM) * B * H;
-    const unsigned grid = (unsigned)(walk > 0 ? std::min<int64_t>(items, sm_count(device)) : items);
+    // From T 512 the query tiles end at T rather than start at 0, to within 64 rows: where T is not a
+    // multiple of BM, the tile left partly empty is then the first, the lightest under a causal mask,
+    // and not the heaviest (at T 1024 and BM 192: rows -128 .. 63, one key tile for one warpgroup,
+    // instead of rows 960 .. 1151, eight key tiles for one warpgroup while the other two idle). Measured
+    // on an H200 at head dim 64: T 1024 ws 3 x 128 0.0911-0.0915 against 0.0930-0.0937 ms, ws 3 x 64
+    // 0.101 against 0.117; at T 256 (two query tiles a head) ws 3 x 64 0.0290 against 0.0280-0.0286.
+    const int q_pad = T >= 512 ? (int)(ceil_div(T, BM) * BM - T) / 64 * 64 : 0;
+    const unsigned grid = (unsigned)(dynamic ? std::min<int64_t>(items, sm_count(device)) : items);
     kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, (int)rq | (int)rk << 1 | (int)rv << 2, (bf16*)o, lse, lo,
-                                                 B, H, T, S, causal, scale * kLog2e,
-                                                 walk == 2 ? walk_counter(g_next_item, counters) : nullptr);
+                                                 B, H, T, S, q_pad, causal, scale * kLog2e,
+                                                 dynamic ? walk_counter(g_next_item, counters) : nullptr);
     return true;
 }
 
 }  // namespace
 
-// kernel: consumers x keys a tile 1 2x128, 2 3x128, 3 2x64, 4 3x64; + 4 persistent, + 8 persistent
-// with a dynamic walk
+// kernel: consumers x keys a tile 1 2x128, 2 3x128, 3 2x64, 4 3x64 (a block an item); + 8 persistent
+// with a dynamic walk; + 12 the dynamic walk with the consumers taking turns. (5-8, a persistent grid
+// on a static stride, are gone: the dynamic walk beat it at every shape measured.)
 bool attention_forward_ws(int kernel, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
                           const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
                           int T, int S, int D, bool causal, float scale) {
-    if (kernel < 1 || kernel > 12) return false;
-    const int walk = (kernel - 1) / 4, variant = kernel - 4 * walk;
-#define ARGS walk, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale
+    if (kernel < 1 || kernel > 16 || (kernel > 4 && kernel < 9)) return false;
+    const bool dynamic = kernel > 8, turns = kernel > 12;
+    const int variant = (kernel - 1) % 4 + 1;
+#define ARGS dynamic, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale
+#define PICK(D, NWG, BN) (turns ? forward<D, NWG, BN, true>(ARGS) : forward<D, NWG, BN, false>(ARGS))
     if (D == 64) {
         switch (variant) {
-            case 1: return forward<64, 2, 128>(ARGS);
-            case 2: return forward<64, 3, 128>(ARGS);
-            case 3: return forward<64, 2, 64>(ARGS);
-            case 4: return forward<64, 3, 64>(ARGS);
+            case 1: return PICK(64, 2, 128);
+            case 2: return PICK(64, 3, 128);
+            case 3: return PICK(64, 2, 64);
+            case 4: return PICK(64, 3, 64);
             default: return false;
         }
     }
     if (D == 128) {  // three consumers would spill at 128 columns of output
         switch (variant) {
-            case 1: case 2: return forward<128, 2, 128>(ARGS);
-            case 3: case 4: return forward<128, 2, 64>(ARGS);
+            case 1: case 2: return PICK(128, 2, 128);
+            case 3: case 4: return PICK(128, 2, 64);
             default: return false;
         }
     }
+#undef PICK
 #undef ARGS
     return false;
 }

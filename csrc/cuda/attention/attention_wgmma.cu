@@ -20,6 +20,7 @@
 
 #include "attention/attention_tiles.cuh"
 #include "attention/attention_wgmma.h"
+#include "attention/backward_wgmma.cuh"
 #include "runtime/common.cuh"
 #include "runtime/runtime.h"
 #include "attention/softmax_wgmma.cuh"
@@ -242,62 +243,16 @@ __global__ void __launch_bounds__(kThreadsB)
             desc_q[p] = wgmma::desc(sQ2 + buf * kTile + p * kPanel), desc_do[p] = wgmma::desc(sdO2 + buf * kTile + p * kPanel);
         const float* sLse = sLse2 + buf * BRB;
         const float* sDelta = sDelta2 + buf * BRB;
-        // S^T = K Q^T, dP^T = V dO^T (64 keys x 64 queries each)
         float st[8][4], dpt[8][4];
-        wgmma::fence();
-#pragma unroll
-        for (int p = 0; p < P; ++p)
-#pragma unroll
-            for (int kk = 0; kk < W / 16; ++kk) wgmma::mma_ss(st, desc_k[p] + 2 * kk, desc_q[p] + 2 * kk, p > 0 || kk > 0);
-#pragma unroll
-        for (int p = 0; p < P; ++p)
-#pragma unroll
-            for (int kk = 0; kk < W / 16; ++kk)
-                wgmma::mma_ss(dpt, desc_v[p] + 2 * kk, desc_do[p] + 2 * kk, p > 0 || kk > 0);
-        wgmma::commit();
+        issue_scores_t<P, W>(st, dpt, desc_k, desc_q, desc_v, desc_do);
         wgmma::wait<0>();
         wgmma::hold(st);
         wgmma::hold(dpt);
-        // P^T = 2^(S^T scale2 - lse2), dS^T = P^T (dP^T - delta); dS^T also to shared memory (swizzled
-        // (keys, queries)) for dQ. Queries past Tq have lse2 = +inf, so P = 0; tiles wholly inside the
-        // visible region skip the mask.
+        // queries past Tq have lse2 = +inf, so P = 0
         const bool full = k0 + BK <= S && (!causal || k0 + BK - 1 <= i0 + off);
         uint32_t pa[4][4], dsa[4][4];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const float2 lse2 = *reinterpret_cast<const float2*>(sLse + j * 8 + 2 * t);  // columns j * 8 + 2 t, + 1
-            const float2 delta2 = *reinterpret_cast<const float2*>(sDelta + j * 8 + 2 * t);
-            float p[4], ds[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                p[e] = ex2(fmaf(st[j][e], scale2, -(e & 1 ? lse2.y : lse2.x)));
-                if (!full) {
-                    const int qi = i0 + j * 8 + 2 * t + (e & 1), kr = key[e >> 1];
-                    if (kr >= S || (causal && kr > qi + off)) p[e] = 0.f;
-                }
-                ds[e] = p[e] * (dpt[j][e] - (e & 1 ? delta2.y : delta2.x));
-            }
-            pa[j >> 1][(j & 1) * 2] = pack_bf16(p[0], p[1]);
-            pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p[2], p[3]);
-            dsa[j >> 1][(j & 1) * 2] = pack_bf16(ds[0], ds[1]);
-            dsa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
-            const int r0 = warp * 16 + g;  // rows r0 and r0 + 8 of dS^T; columns j * 8 + 2 t, + 1
-            *reinterpret_cast<uint32_t*>(sdS_ptr + wgmma::swizzled(r0, j) + 4 * t) = dsa[j >> 1][(j & 1) * 2];
-            *reinterpret_cast<uint32_t*>(sdS_ptr + wgmma::swizzled(r0 + 8, j) + 4 * t) = dsa[j >> 1][(j & 1) * 2 + 1];
-        }
-        // dV += P^T dO;  dK += dS^T Q  (scale applied at the end); k-steps of 16 queries
-        wgmma::fence();
-#pragma unroll
-        for (int p = 0; p < P; ++p)
-#pragma unroll
-            for (int kk = 0; kk < BRB / 16; ++kk)
-                wgmma::mma_rs_n_major(wgmma::columns<W>(dv_acc, p * W), pa[kk], desc_do[p] + 128 * kk);
-#pragma unroll
-        for (int p = 0; p < P; ++p)
-#pragma unroll
-            for (int kk = 0; kk < BRB / 16; ++kk)
-                wgmma::mma_rs_n_major(wgmma::columns<W>(dk_acc, p * W), dsa[kk], desc_q[p] + 128 * kk);
-        wgmma::commit();
+        score_grads_t(st, dpt, sLse, sDelta, full, i0, key, S, causal, off, scale2, warp, g, t, sdS_ptr, pa, dsa);
+        issue_key_grads<P, W, D>(dv_acc, dk_acc, pa, dsa, desc_do, desc_q);
         wgmma::fence_smem();  // dS^T's stores, before the block's wgmma reads them
         __syncthreads();
         // dQ (64 queries x D) = dS (queries x keys, read M-major out of dS^T) K (keys x D, N-major),
@@ -362,18 +317,20 @@ int g_forward_kernel = -1, g_backward_kernel = -1;  // attention_wgmma_{forward,
 // alone"; ms at B 16, T 1024, head dim 64 unless said):
 // - forward: the dynamic walk (at most a block an SM, each taking the next unclaimed item, heaviest
 //   first), ws 3 x 128 from T 512 (0.095 against 0.106 a block an item, 0.131 on a static stride and
-//   0.120 for cp.async), ws 3 x 64 below (T 256: 0.0280 against 0.0299), ws 2 x 128 at head dim 128
-//   (0.078 against 0.091 a block an item);
-// - backward at head dim 64: ws 3 x 64 with dQ's bulk reductions from S 256 (0.321 against 0.368
-//   with atomics and 0.377 for cp.async; T 256: 0.1026 against 0.1043); at 128 ws 2 x 64 (0.377
-//   against 0.388).
+//   0.120 for cp.async), ws 3 x 64 below (T 256: 0.0280 against 0.0299); at head dim 128 ws 2 x 128
+//   with the consumers taking turns (0.0769 against 0.0789 without, 0.091 a block an item). Turns
+//   are slower at head dim 64 (0.0994 against 0.0937; T 256: 0.0327 against 0.0280);
+// - backward at head dim 64: ws 3 x 64 with dQ's bulk reductions, a block an item from S 512 (0.328
+//   against 0.331 walking dynamically, 0.368 with atomics, 0.377 for cp.async), the dynamic walk at
+//   S 256 (0.1020 against 0.1058); at head dim 128 ws 2 x 64, a block an item (0.369 against 0.382
+//   walking dynamically).
 int forward_kernel_for(int D, int T) {
     if (g_forward_kernel >= 0) return g_forward_kernel;
-    return D == 128 ? 9 : D == 64 ? (T >= 512 ? 10 : 12) : 0;
+    return D == 128 ? 13 : D == 64 ? (T >= 512 ? 10 : 12) : 0;
 }
 int backward_kernel_for(int D, int S) {
     if (g_backward_kernel >= 0) return g_backward_kernel;
-    return D == 128 ? 18 : D == 64 && S >= 256 ? 25 : 0;
+    return D == 128 ? 2 : D == 64 ? (S >= 512 ? 9 : S >= 256 ? 25 : 0) : 0;
 }
 
 bool usable(int device, int D) {

@@ -76,8 +76,8 @@ __device__ __forceinline__ void reduce_dq(float* dq_bh, const float (&dq)[8][4],
     }
 }
 
-// A persistent block's next work item after `index`: the next of its static stride (next_item
-// null), or the next unclaimed one from the counter next_item (a dynamic walk). A walk makes exactly
+// A block's next work item after `index`: in a grid of a block an item (next_item null) one past the
+// end, which closes its walk; in a persistent one the next unclaimed one from the counter next_item. A walk makes exactly
 // `work` fetches (one per item past the first grid, and one past the end per block); the fetch that
 // hands out the last value puts the counter back to 0 for the next launch.
 __device__ __forceinline__ int next_index(int index, int work, unsigned* next_item) {

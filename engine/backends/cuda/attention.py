@@ -260,17 +260,17 @@ def attention_wgmma_backward(enabled: bool) -> bool:
 
 
 # forward kernels at head dims 64 and 128: consumer warpgroups x keys a tile of the warp-specialised
-# ones, a block a work item or at most a block an SM walking them (persistent: each its static
-# stride; dynamic: the next unclaimed item)
+# ones, a block a work item or at most a block an SM walking them (dynamic: each block taking the next
+# unclaimed item; turns: dynamic, the consumers taking turns at the tensor cores)
 FORWARD_KERNELS = {"by shape": -1, "cp.async 2x64": 0, "ws 2x128": 1, "ws 3x128": 2, "ws 2x64": 3, "ws 3x64": 4,
-                   "ws 2x128 persistent": 5, "ws 3x128 persistent": 6, "ws 2x64 persistent": 7,
-                   "ws 3x64 persistent": 8, "ws 2x128 dynamic": 9, "ws 3x128 dynamic": 10, "ws 2x64 dynamic": 11,
-                   "ws 3x64 dynamic": 12}
+                   "ws 2x128 dynamic": 9, "ws 3x128 dynamic": 10, "ws 2x64 dynamic": 11,
+                   "ws 3x64 dynamic": 12, "ws 2x128 turns": 13, "ws 3x128 turns": 14, "ws 2x64 turns": 15,
+                   "ws 3x64 turns": 16}
 
 
 def attention_wgmma_forward_kernel(kernel: int) -> int:
     """Which Hopper forward kernel runs at head dims 64 and 128 (a value of FORWARD_KERNELS: -1, the
-    default, chooses by shape; 0 is the two warpgroups loading with cp.async, 1-12 the warp-specialised
+    default, chooses by shape; 0 is the two warpgroups loading with cp.async, 1-16 the warp-specialised
     ones fed by TMA); returns the previous."""
     if kernel not in FORWARD_KERNELS.values():
         raise ValueError(f"attention_wgmma_forward_kernel: {kernel} is not one of {sorted(FORWARD_KERNELS.values())}")
@@ -279,10 +279,9 @@ def attention_wgmma_forward_kernel(kernel: int) -> int:
 
 # backward kernels at head dims 64 and 128: consumer warpgroups (of 64 keys each) of the warp-specialised
 # ones, dQ added by atomics or by bulk reductions of whole rows (head dim 64), a block a work item or
-# (persistent) at most a block an SM walking them
-BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64": 2, "ws 3x64 persistent": 5,
-                    "ws 2x64 persistent": 6, "ws 3x64 bulk-dq": 9, "ws 2x64 bulk-dq": 10, "ws 2x64 dynamic": 18,
-                    "ws 3x64 bulk-dq dynamic": 25}
+# at most a block an SM walking them (dynamic: each block taking the next unclaimed item)
+BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64": 2, "ws 3x64 bulk-dq": 9,
+                    "ws 2x64 bulk-dq": 10, "ws 2x64 dynamic": 18, "ws 3x64 bulk-dq dynamic": 25}
 
 
 def attention_wgmma_backward_kernel(kernel: int) -> int:
