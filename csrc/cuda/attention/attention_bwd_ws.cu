@@ -212,11 +212,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #pragma unroll
             for (int p = 0; p < P; ++p) {
                 float dq[W / 8][4];
-                wgmma::fence();
-#pragma unroll
-                for (int kk = 0; kk < 64 / 16; ++kk)
-                    wgmma::mma_ss<1, 1>(dq, desc_ds + 128 * kk, desc_k[p] + 128 * kk, kk > 0);
-                wgmma::commit();
+                issue_dq_panel<W>(dq, desc_ds, desc_k[p]);
                 wgmma::wait<0>();
                 wgmma::hold(dq);
                 wgmma::hold(dv_acc);

@@ -173,14 +173,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 #pragma unroll
         for (int p = 0; p < P; ++p) desc_q[p] = wgmma::desc(sQ + buf * kQ + p * (BM * 128) + c * 64 * 128);
         auto issue_s = [&](float (&s)[BN / 8][4], int e) {  // S = Q_wg K_e^T
-#pragma unroll
-            for (int p = 0; p < P; ++p) {
-                const uint64_t desc_k = wgmma::desc(sK + stage(e) * kKV + p * (BN * 128));
-#pragma unroll
-                for (int kk = 0; kk < W / 16; ++kk)
-                    wgmma::mma_ss(s, desc_q[p] + 2 * kk, desc_k + 2 * kk, p > 0 || kk > 0);
-            }
-            wgmma::commit();
+            issue_scores<P, W, BN>(s, desc_q, sK + stage(e) * kKV);
         };
 
         float acc[D / 8][4];
@@ -210,26 +203,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             const int e = e0 + it;
             if constexpr (next) tma::wait(k_full(stage(e + 1)), phase(e + 1));
             tma::wait(v_full(stage(e)), phase(e));
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) {  // the previous tiles' output, rescaled to this tile's max
-                acc[j][0] *= alpha[0];
-                acc[j][1] *= alpha[0];
-                acc[j][2] *= alpha[1];
-                acc[j][3] *= alpha[1];
-            }
-            wgmma::hold(acc);  // the rescale stays before the fence
+            rescale_rows(acc, alpha);  // the previous tiles' output, to this tile's max
+            wgmma::hold(acc);          // the rescale stays before the fence
             if constexpr (next) wait_turn();
             wgmma::fence();
             if constexpr (next) issue_s(s, e + 1);
-            // O_wg (64 x D) += P (64 x BN) V (BN x D), per panel of V; k-steps of 16 keys (2048 bytes)
-#pragma unroll
-            for (int p = 0; p < P; ++p) {
-                const uint64_t desc_v = wgmma::desc(sV + stage(e) * kKV + p * (BN * 128));
-#pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk)
-                    wgmma::mma_rs_n_major(wgmma::columns<W>(acc, p * W), pa[kk], desc_v + 128 * kk);
-            }
-            wgmma::commit();
+            issue_pv<P, W, BN, D>(acc, pa, sV + stage(e) * kKV);  // O_wg += P V_e
             if constexpr (next) {
                 pass_turn();
                 wgmma::wait<1>();

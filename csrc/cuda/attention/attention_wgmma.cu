@@ -88,14 +88,7 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 2 : 1)
     };
     // desc_q[p]: panel p of this warpgroup's 64 rows of Q
     auto issue_s = [&](float (&s)[BN / 8][4], int tile, const uint64_t (&desc_q)[P]) {  // S = Q_wg K_tile^T
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-            const uint64_t desc_k = wgmma::desc(sK + tile % 3 * kKV + p * (BN * 128));
-#pragma unroll
-            for (int kk = 0; kk < W / 16; ++kk)
-                wgmma::mma_ss(s, desc_q[p] + 2 * kk, desc_k + 2 * kk, p > 0 || kk > 0);
-        }
-        wgmma::commit();
+        issue_scores<P, W, BN>(s, desc_q, sK + tile % 3 * kKV);
     };
 
     float acc[D / 8][4];
@@ -127,25 +120,11 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 2 : 1)
     // O += P_it V_it; with `next` (a compile-time flag: no wgmma sits in a branch), also S_{it+1} and its
     // softmax, run while P V is on the tensor cores
     auto step = [&](int it, auto next) {
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {  // the previous tiles' output, rescaled to this tile's max
-            acc[j][0] *= alpha[0];
-            acc[j][1] *= alpha[0];
-            acc[j][2] *= alpha[1];
-            acc[j][3] *= alpha[1];
-        }
-        wgmma::hold(acc);  // the rescale stays before the fence
+        rescale_rows(acc, alpha);  // the previous tiles' output, to this tile's max
+        wgmma::hold(acc);          // the rescale stays before the fence
         wgmma::fence();
         if constexpr (next) issue_s(s, it + 1, desc_q);
-        // O_wg (64 x D) += P (64 x BN) V (BN x D), per panel of V; k-steps of 16 keys (16 rows: 2048 bytes)
-#pragma unroll
-        for (int p = 0; p < P; ++p) {
-            const uint64_t desc_v = wgmma::desc(sV + it % 3 * kKV + p * (BN * 128));
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-                wgmma::mma_rs_n_major(wgmma::columns<W>(acc, p * W), pa[kk], desc_v + 128 * kk);
-        }
-        wgmma::commit();
+        issue_pv<P, W, BN, D>(acc, pa, sV + it % 3 * kKV);  // O_wg += P V_it
         if constexpr (next) {
             wgmma::wait<1>();
             wgmma::hold(s);
@@ -260,11 +239,8 @@ __global__ void __launch_bounds__(kThreadsB)
 #pragma unroll
         for (int p = 0; p < P; ++p) {
             float dq[W / 8][4];
-            wgmma::fence();
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; ++kk)
-                wgmma::mma_ss<1, 1>(dq, desc_ds + 128 * kk, desc_k[p] + 128 * kk, kk > 0);
-            wgmma::commit();
+            static_assert(BK == 64, "issue_dq_panel sums over 64 keys");
+            issue_dq_panel<W>(dq, desc_ds, desc_k[p]);
             wgmma::wait<0>();
             wgmma::hold(dq);
             wgmma::hold(dv_acc);

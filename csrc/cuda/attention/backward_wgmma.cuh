@@ -92,5 +92,16 @@ __device__ __forceinline__ void issue_key_grads(float (&dv_acc)[D / 8][4], float
     wgmma::commit();
 }
 
+// One panel of dQ (64 queries x W) = dS (queries x 64 keys, read M-major out of dS^T at desc_ds) K
+// (64 keys x W, N-major at desc_k: the panel's columns), k-steps of 16 keys, issued and committed
+// as one group
+template <int W>
+__device__ __forceinline__ void issue_dq_panel(float (&dq)[W / 8][4], uint64_t desc_ds, uint64_t desc_k) {
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma::mma_ss<1, 1>(dq, desc_ds + 128 * kk, desc_k + 128 * kk, kk > 0);
+    wgmma::commit();
+}
+
 }  // namespace attn
 }  // namespace engine

@@ -1,8 +1,11 @@
 // Pieces of the wgmma attention kernels (attention_wgmma.cu, attention_fwd_ws.cu): a head dim's
-// panels of swizzled shared-memory tiles, and the forward's online softmax on wgmma accumulators.
+// panels of swizzled shared-memory tiles, and the forward's score product and online softmax on wgmma
+// accumulators.
 #pragma once
 #include <cmath>
 #include <cstdint>
+
+#include "attention/wgmma.cuh"
 
 namespace engine {
 namespace attn {
@@ -19,6 +22,45 @@ __device__ __forceinline__ float ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
+}
+
+// S (64 x BN) = Q_wg K^T for a warpgroup's 64 queries: desc_q[p] describes panel p of its Q rows,
+// sK the key tile (BN rows, panels of BN x 128 bytes); issued and committed as one group
+template <int P, int W, int BN>
+__device__ __forceinline__ void issue_scores(float (&s)[BN / 8][4], const uint64_t (&desc_q)[P], uint32_t sK) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+        const uint64_t desc_k = wgmma::desc(sK + p * (BN * 128));
+#pragma unroll
+        for (int kk = 0; kk < W / 16; ++kk) wgmma::mma_ss(s, desc_q[p] + 2 * kk, desc_k + 2 * kk, p > 0 || kk > 0);
+    }
+    wgmma::commit();
+}
+
+// O_wg (64 x D) += P (64 x BN, bf16 A-fragments pa) V (BN x D at sV, panels of BN x 128 bytes, N-major),
+// k-steps of 16 keys (2048 bytes); committed as one group, with whatever was issued since the fence
+template <int P, int W, int BN, int D>
+__device__ __forceinline__ void issue_pv(float (&acc)[D / 8][4], const uint32_t (&pa)[BN / 16][4], uint32_t sV) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+        const uint64_t desc_v = wgmma::desc(sV + p * (BN * 128));
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma::mma_rs_n_major(wgmma::columns<W>(acc, p * W), pa[kk], desc_v + 128 * kk);
+    }
+    wgmma::commit();
+}
+
+// the output's rows g and g + 8 so far, rescaled by alpha to the current tile's max
+template <int N>
+__device__ __forceinline__ void rescale_rows(float (&acc)[N][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        acc[j][0] *= alpha[0];
+        acc[j][1] *= alpha[0];
+        acc[j][2] *= alpha[1];
+        acc[j][3] *= alpha[1];
+    }
 }
 
 // Scores outside the mask -> -inf: keys >= S and, if causal, keys after the query (aligned bottom-
