@@ -25,6 +25,25 @@ from coop.wire import upload_chunks
 RETRY_SECONDS = 0.25  # between attempts to deliver an update to a partner that is behind
 
 
+def exchange_state(round_index: int, sent: set[str], received: set[str], member_rounds: dict[str, int],
+                   push_results: dict[str, str]) -> tuple[dict[str, int], list[str]]:
+    """Where an exchange stands with each partner we sent to -> (past, pending).
+
+    past: partner -> its round, for partners that by their heartbeats merged this round without
+    us: they skipped it after falling behind, or closed it before our update came. Only once our
+    push to it has ended other than accepted: a partner that took our update merged it, and its own
+    update to us is on its way; and while our push is in flight its heartbeat can already show the
+    next round (it merged ours, and its update to us was still on the wire).
+    pending: partners we still wait for: still being sent to, or that took ours and have not sent
+    theirs. A partner that left the members is neither."""
+    past = {pid: member_rounds[pid] for pid in sent
+            if pid in member_rounds and member_rounds[pid] > round_index and pid not in received
+            and push_results.get(pid) not in (None, "accepted")}
+    pending = sorted(pid for pid in sent if pid not in received and pid in member_rounds and pid not in past
+                     and push_results.get(pid) in (None, "accepted"))
+    return past, pending
+
+
 class GossipTransport:
     """Streaming (P fragments, coop.streaming): round r exchanges and merges fragment r mod P only;
     the replica loads the fragment its last merge changed, or starts afresh from the whole copy
@@ -140,17 +159,9 @@ class GossipTransport:
                     if member is not None:
                         sent.add(pid)
                         node.pool.submit(self._push, member, round_index, body, deadline)
-                received = node.inbox.senders(round_index)
-                members = node.membership.members
-                # past: partners that (by their heartbeats) already merged this round without us;
-                # they skipped it after falling behind, or closed it before our update came. One
-                # that accepted our update merged it, and its own update to us is on its way.
-                past = {pid: members[pid].round for pid in sent
-                        if pid in members and members[pid].round > round_index and pid not in received
-                        and node.push_results.get(pid) != "accepted"}
-                # waiting for: partners still being sent to, or that took ours and have not sent theirs
-                pending = [pid for pid in sent if pid not in received and pid in members and pid not in past
-                           and node.push_results.get(pid) in (None, "accepted")]
+                past, pending = exchange_state(round_index, sent, node.inbox.senders(round_index),
+                                               {pid: m.round for pid, m in node.membership.members.items()},
+                                               node.push_results)
                 remaining = deadline - time.monotonic()
                 if not pending or remaining <= 0 or node.stopping.is_set():
                     break
