@@ -32,9 +32,9 @@ class PeerCollector:
             members = len(node.membership.members) if node.membership else 0
             last = node.history[-1] if node.history else None
             figures = (node.round, node.phase, members, node.last_loss, node.last_val, node.last_cd,
-                       node.updates_accepted, node.updates_refused, node.bytes_received, node.bytes_sent,
-                       node.tokens_per_second, last.seconds if last else None)
-        (round_index, phase, members, loss, val, cd, accepted, refused, received, sent, tokens_per_s,
+                       node.updates_accepted, node.updates_refused, node.updates_late, node.bytes_received,
+                       node.bytes_sent, node.tokens_per_second, last.seconds if last else None)
+        (round_index, phase, members, loss, val, cd, accepted, refused, late, received, sent, tokens_per_s,
          seconds) = figures
         yield GaugeMetricFamily("coop_round", "The peer's round (= outer steps it took)", value=round_index)
         state = GaugeMetricFamily("coop_peer_phase", "1 for the peer's phase, 0 for the others", labels=["phase"])
@@ -50,6 +50,7 @@ class PeerCollector:
         updates = CounterMetricFamily("coop_updates", "Partners' updates received, by result", labels=["result"])
         updates.add_metric(["accepted"], accepted)
         updates.add_metric(["refused"], refused)
+        updates.add_metric(["late"], late)
         yield updates
         yield CounterMetricFamily("coop_received_bytes", "Bytes received: partners' updates, and the state and data "
                                   "fetched at join", value=received)

@@ -1,13 +1,15 @@
 """A peer's shared state and what its HTTP routes call (`coop.gossip.server` -> `PeerState`).
 
 Every handler checks the message completely before it takes the lock and changes anything, so a
-refused message leaves nothing behind but the `updates_refused` counter. The training side (setup,
+refused message leaves nothing behind but a counter (`updates_refused` for one that failed a check,
+`updates_late` for one turned away on its timing alone) and a log line. The training side (setup,
 heartbeats, exchange, the loop) is `coop.gossip.peer.PeerNode`, a subclass.
 """
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -55,6 +57,26 @@ class PeerError(Exception):
         self.status, self.detail, self.round = status, detail, round_index
 
 
+class RefusalLog:
+    """One log line per refused or turned-away update, at most one a second: a flood of bad requests
+    cannot flood the log (the lines held back are counted in the next one)."""
+
+    def __init__(self, log, interval_s: float = 1.0):
+        self.log, self.interval_s = log, interval_s
+        self.last = -interval_s
+        self.held_back = 0
+        self.lock = threading.Lock()
+
+    def note(self, line: str) -> None:
+        with self.lock:
+            now = time.monotonic()
+            if now - self.last < self.interval_s:
+                self.held_back += 1
+                return
+            held, self.held_back, self.last = self.held_back, 0, now
+        self.log(line[:400] + (f" (and {held} more since the last such line)" if held else ""))
+
+
 class PeerState:
     """One peer's state, guarded by `cond`; the server's routes call the `handle_*` methods."""
 
@@ -96,6 +118,8 @@ class PeerState:
         self.initial_val: float | None = None
         self.tokens_per_second = 0.0
         self.updates_accepted = self.updates_refused = 0
+        self.updates_late = 0  # turned away on timing alone: round closed or too far ahead, a duplicate, inbox full
+        self._refusal_log = RefusalLog(self.log)
         self.bytes_sent = self.bytes_received = 0
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-push")
         self.heartbeat_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer-heartbeat")
@@ -123,9 +147,16 @@ class PeerState:
         if not self.ready:
             raise PeerError(503, "this peer is still starting; retry in a few seconds")
 
-    def count_refused(self) -> None:
+    def count_refused(self, status: int, detail: str, sender: str | None = None) -> None:
         with self.cond:
             self.updates_refused += 1
+        self._refusal_log.note(f"refused an update{f' from {sender}' if sender else ''} ({status}): {detail}")
+
+    def _count_late(self, refusal: InboxRefusal, sender: str | None = None) -> None:
+        """An update turned away on its timing alone (under the lock): a slow or early partner, not a bad one."""
+        self.updates_late += 1
+        self._refusal_log.note(f"turned away an update{f' from {sender}' if sender else ''} ({refusal.status}): "
+                               f"{refusal.detail}")
 
     def member_card(self, active_from: int, round_index: int) -> Member:
         """This peer as a member, its card signed with its own key."""
@@ -236,7 +267,7 @@ class PeerState:
             try:
                 self.inbox.check_round(round_index)
             except InboxRefusal as refusal:
-                self.updates_refused += 1
+                self._count_late(refusal)
                 raise PeerError(refusal.status, refusal.detail, self.inbox.current_round) from None
 
     def receive_update(self, round_index: int, body: bytes) -> UpdateAccepted:
@@ -246,8 +277,8 @@ class PeerState:
                                   max_bytes=self.update_limit(), require_global=self.config.gossip.mix_weights,
                                   max_tokens=max_tokens_of(self.config))
         except (MalformedMessage, ForeignMessage, WireError) as error:
-            self.count_refused()
             status = 400 if isinstance(error, MalformedMessage) else 403 if isinstance(error, ForeignMessage) else 422
+            self.count_refused(status, str(error))
             raise PeerError(status, str(error)) from None
         with self.cond:
             try:
@@ -256,13 +287,15 @@ class PeerState:
                     raise PeerError(403, f"update from {update.peer_id!r:.70}, not a member of this peer's swarm view; "
                                          "join the swarm first (POST /v1/join)")
                 self._check_known_key(update.peer_id, update.public_key)
-                try:
-                    self.inbox.add(update)
-                except InboxRefusal as refusal:
-                    raise PeerError(refusal.status, refusal.detail, self.inbox.current_round) from None
-            except PeerError:
+            except PeerError as error:
                 self.updates_refused += 1
+                self._refusal_log.note(f"refused an update from {update.peer_id:.70} ({error.status}): {error.detail}")
                 raise
+            try:
+                self.inbox.add(update)
+            except InboxRefusal as refusal:
+                self._count_late(refusal, update.peer_id)
+                raise PeerError(refusal.status, refusal.detail, self.inbox.current_round) from None
             self.membership.heard_from(update.peer_id, round_index)
             self.updates_accepted += 1
             self.bytes_received += len(body)
@@ -277,5 +310,6 @@ class PeerState:
                           consensus_distance=self.last_cd, loss=self.last_loss, val_loss=self.last_val,
                           initial_val_loss=self.initial_val,
                           updates_accepted=self.updates_accepted, updates_refused=self.updates_refused,
+                          updates_late=self.updates_late,
                           bytes_sent=self.bytes_sent, bytes_received=self.bytes_received,
                           tokens_per_second=self.tokens_per_second, history=list(self.history))

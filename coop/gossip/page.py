@@ -75,7 +75,7 @@ def render_peer_page(status: Status, full: bool = True, protected: bool = False)
         ("tokens/s", f"{status.tokens_per_second:,.0f}"),
         ("sent", fmt_bytes(status.bytes_sent)),
         ("received", fmt_bytes(status.bytes_received)),
-        ("updates", f"{status.updates_accepted} ok / {status.updates_refused} refused"),
+        ("updates", f"{status.updates_accepted} ok / {status.updates_refused} refused / {status.updates_late} late"),
     ]
     body = [access_note(protected, full), cards(items), "<h2>Training</h2>", charts(history)]
     if full:

@@ -130,7 +130,9 @@ class Status(_Message):
     val_loss: float | None
     initial_val_loss: float | None = Field(description="val loss of the weights this peer started from")
     updates_accepted: int
-    updates_refused: int
+    updates_refused: int = Field(description="partners' updates that failed a check (docs/p2p.md)")
+    updates_late: int = Field(0, description="updates turned away on their timing alone: round closed or too far "
+                                             "ahead here, a duplicate, or a full inbox")
     bytes_sent: int
     bytes_received: int
     tokens_per_second: float

@@ -124,7 +124,7 @@ def create_app(node: PeerState) -> FastAPI:
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), node.token.encode()):
-            node.count_refused()
+            node.count_refused(401, f"missing or wrong swarm token on {request.url.path}")
             raise PeerError(401, "missing or wrong swarm token: send 'Authorization: Bearer <token>' "
                                  "with the token the swarm was started with")
 
@@ -191,18 +191,17 @@ def create_app(node: PeerState) -> FastAPI:
             raise PeerError(422, f"round must be >= 0, got {round_index}")
         try:
             check_declared_length(request, node.update_limit())
-        except PeerError:
-            node.count_refused()
+        except PeerError as error:
+            node.count_refused(error.status, error.detail)
             raise
-        node.precheck_update(round_index)  # a stale round is refused before its body is read
+        node.precheck_update(round_index)  # a stale round is turned away before its body is read
         try:
             body = await read_body(request, node.update_limit(), node.config.gossip.body_timeout_s)
-        except PeerError:
-            node.count_refused()
+        except PeerError as error:
+            node.count_refused(error.status, error.detail)
             raise
         except ClientDisconnect:  # the sender went away mid-body: nobody to answer, one line, no traceback
-            node.count_refused()
-            node.log(f"an update for round {round_index} was aborted by its sender mid-body")
+            node.count_refused(400, f"an update for round {round_index} was aborted by its sender mid-body")
             return Response(status_code=400)
         return await run_in_threadpool(node.receive_update, round_index, body)
 

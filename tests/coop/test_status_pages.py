@@ -145,6 +145,7 @@ def test_a_peer_serves_its_page_and_metrics(peer):
     assert value(samples, "coop_peer_phase", phase=peer.phase) == 1 and sum(phases.values()) == 1 and len(phases) == 6
     assert math.isnan(value(samples, "coop_train_loss")) and math.isnan(value(samples, "coop_consensus_distance"))
     assert value(samples, "coop_updates_total", result="refused") == 0
+    assert value(samples, "coop_updates_total", result="late") == 0
 
 
 def _local_assets(page: str) -> list[str]:
