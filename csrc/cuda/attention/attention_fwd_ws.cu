@@ -3,7 +3,7 @@
 //
 // A block is one producer warpgroup and NWG consumer warpgroups of 64 queries each (BM = 64 NWG):
 // - the producer's first thread issues every load as TMA: the block's Q tile once, then the K and V
-//   tiles of BN keys into a ring of two stages (or three). Each stage's K and each stage's V has a "full"
+//   tiles of BN keys into a ring of two stages. Each stage's K and each stage's V has a "full"
 //   mbarrier (its bytes have landed) and an "empty" one (every consumer is done reading it), so that
 //   S = Q K^T starts as soon as K is in, before V;
 // - the producer gives most of its registers to the consumers (setmaxnreg);
@@ -32,6 +32,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using namespace attn;
+constexpr int kStages = 2;
+
 __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
 
 // (NWG + 1) * 128 threads, one block an SM. The work items are the query tiles in attn::tile_order
@@ -40,8 +42,7 @@ __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_inde
 // walk, next_index), and the producer loads the next item's Q (two buffers) and first K and V while
 // the consumers finish the current one. The producer writes each Q buffer's item
 // beside it (item_of) before the buffer's "full" arrival; an index past the end closes the walk. The
-// K/V ring runs on across items: entry e of the block's walk sits in stage e % kStages (two stages,
-// or three: a consumer may then run two entries ahead of the slowest before the producer waits).
+// K/V ring runs on across items: entry e of the block's walk sits in stage e % kStages.
 //
 // With Turns (FlashAttention-3's scheduler barrier) the consumers take turns to issue their products:
 // a token goes round them on named barriers 1 .. NWG (consumer c's barrier: its own 128 threads wait,
@@ -50,7 +51,7 @@ __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_inde
 // takes the token once a K/V entry of every item (for S_0, then for each step that issues S_{j+1},
 // and once for each entry it skips), so the turns stay in step across warpgroups and items; it is
 // never held across a wait.
-template <int D, int NWG, int BN, bool Turns, int kStages>
+template <int D, int NWG, int BN, bool Turns>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, int rows_inner, bf16* __restrict__ o, float* __restrict__ lse,
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 // dynamic: a persistent grid walking the items dynamically, else a block an item
 unsigned* counters[64] = {};  // g_next_item's address on each device
 
-template <int D, int NWG, int BN, bool Turns, int kStages>
+template <int D, int NWG, int BN, bool Turns>
 bool forward(bool dynamic, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
              const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
              bool causal, float scale) {
@@ -259,7 +260,7 @@ bool forward(bool dynamic, int device, cudaStream_t st, void* o, float* lse, con
         return false;
     // Q [2], K and V [kStages]; the mbarriers and the Q buffers' items; slack to align the tiles
     const int bytes = (int)Panels<D>::tile_bytes(2 * BM + 2 * kStages * BN) + 8 * (4 + 4 * kStages) + 8 + 1024;
-    auto kernel = fwd_ws_kernel<D, NWG, BN, Turns, kStages>;
+    auto kernel = fwd_ws_kernel<D, NWG, BN, Turns>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention");
     // a block an item, or (dynamic) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(T, BM) * B * H;
@@ -280,21 +281,16 @@ bool forward(bool dynamic, int device, cudaStream_t st, void* o, float* lse, con
 }  // namespace
 
 // kernel: consumers x keys a tile 1 2x128, 2 3x128, 3 2x64, 4 3x64 (a block an item); + 8 persistent
-// with a dynamic walk; + 12 the dynamic walk with the consumers taking turns; + 16 the dynamic walk
-// with three K/V stages at head dim 64 (at 128 three stages do not fit in shared memory beside Q's
-// two buffers: those numbers run the two-stage kernels). (5-8, a persistent grid on a static
-// stride, are gone: the dynamic walk beat it at every shape measured.)
+// with a dynamic walk; + 12 the dynamic walk with the consumers taking turns. (5-8, a persistent grid
+// on a static stride, are gone: the dynamic walk beat it at every shape measured.)
 bool attention_forward_ws(int kernel, int device, cudaStream_t st, void* o, float* lse, const void* q, const void* k,
                           const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H,
                           int T, int S, int D, bool causal, float scale) {
-    if (kernel < 1 || kernel > 20 || (kernel > 4 && kernel < 9)) return false;
-    const bool dynamic = kernel > 8, turns = kernel > 12 && kernel <= 16, three = kernel > 16;
+    if (kernel < 1 || kernel > 16 || (kernel > 4 && kernel < 9)) return false;
+    const bool dynamic = kernel > 8, turns = kernel > 12;
     const int variant = (kernel - 1) % 4 + 1;
 #define ARGS dynamic, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale
-#define PICK(D, NWG, BN)                                                      \
-    (turns   ? forward<D, NWG, BN, true, 2>(ARGS)                             \
-     : three ? forward<D, NWG, BN, false, (D == 64 ? 3 : 2)>(ARGS)            \
-             : forward<D, NWG, BN, false, 2>(ARGS))
+#define PICK(D, NWG, BN) (turns ? forward<D, NWG, BN, true>(ARGS) : forward<D, NWG, BN, false>(ARGS))
     if (D == 64) {
         switch (variant) {
             case 1: return PICK(64, 2, 128);

@@ -261,18 +261,16 @@ def attention_wgmma_backward(enabled: bool) -> bool:
 
 # forward kernels at head dims 64 and 128: consumer warpgroups x keys a tile of the warp-specialised
 # ones, a block a work item or at most a block an SM walking them (dynamic: each block taking the next
-# unclaimed item; turns: dynamic, the consumers taking turns at the tensor cores; three stages: dynamic,
-# a ring of three K/V stages instead of two at head dim 64, two at 128)
+# unclaimed item; turns: dynamic, the consumers taking turns at the tensor cores)
 FORWARD_KERNELS = {"by shape": -1, "cp.async 2x64": 0, "ws 2x128": 1, "ws 3x128": 2, "ws 2x64": 3, "ws 3x64": 4,
                    "ws 2x128 dynamic": 9, "ws 3x128 dynamic": 10, "ws 2x64 dynamic": 11,
                    "ws 3x64 dynamic": 12, "ws 2x128 turns": 13, "ws 3x128 turns": 14, "ws 2x64 turns": 15,
-                   "ws 3x64 turns": 16, "ws 2x128 three stages": 17, "ws 3x128 three stages": 18,
-                   "ws 2x64 three stages": 19, "ws 3x64 three stages": 20}
+                   "ws 3x64 turns": 16}
 
 
 def attention_wgmma_forward_kernel(kernel: int) -> int:
     """Which Hopper forward kernel runs at head dims 64 and 128 (a value of FORWARD_KERNELS: -1, the
-    default, chooses by shape; 0 is the two warpgroups loading with cp.async, 1-20 the warp-specialised
+    default, chooses by shape; 0 is the two warpgroups loading with cp.async, 1-16 the warp-specialised
     ones fed by TMA); returns the previous."""
     if kernel not in FORWARD_KERNELS.values():
         raise ValueError(f"attention_wgmma_forward_kernel: {kernel} is not one of {sorted(FORWARD_KERNELS.values())}")
