@@ -57,7 +57,8 @@ def test_two_streaming_peers_exchange_a_fragment_a_round_and_learn(tmp_path):
                               all(st and st["phase"] == "done" for st in sts) and sts, 180, "both peers to finish", peers)
         for st, other in zip(statuses, reversed(peers)):
             assert st["round"] == ROUNDS
-            assert st["updates_refused"] == 0, st  # every fragment-only update passed the checks
+            # every fragment-only update passed the checks (one turned away for its timing counts as late)
+            assert st["updates_refused"] == 0, "\n".join([str(st)] + [p.log_tail() for p in peers])
             merged_with = [h for h in st["history"] if other.peer_id in h["received_from"]]
             assert len(merged_with) >= ROUNDS // 2, st["history"]
             assert st["val_loss"] < st["initial_val_loss"] - 0.5, (st["initial_val_loss"], st["val_loss"])
