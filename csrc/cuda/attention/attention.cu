@@ -52,8 +52,7 @@ void backward_typed(int device, void* dq, void* dk, void* dv, const void* dout, 
     std::size_t delta_block = 0, acc_block = 0;
     float* delta = (float*)device_alloc(sizeof(float) * std::max<int64_t>(rows, 1), device, &delta_block);
     float* dq_acc = (float*)device_alloc(sizeof(float) * std::max<int64_t>(rows * D, 1), device, &acc_block);
-    check(cudaMemsetAsync(dq_acc, 0, sizeof(float) * rows * D, st), "attention_backward");
-    attention_backward_prep_kernel<T><<<(unsigned)ceil_div(rows, 16), 256, 0, st>>>(delta, (const T*)dout,
+    attention_backward_prep_kernel<T><<<(unsigned)ceil_div(rows, 16), 256, 0, st>>>(delta, dq_acc, (const T*)dout,
                                                                                     (const T*)o, lo, H, T_, D, rows);
     bool done = false;
     if constexpr (std::is_same_v<T, __nv_bfloat16> && !DROPOUT)  // the fast paths: wgmma, then mma.sync

@@ -13,7 +13,12 @@
 //   registers; dV, dK, and dQ = dS K added into dq_acc by atomics or, at head dim 64, by the L2's
 //   bulk reductions of whole rows staged in shared memory), synchronising only within its
 //   warpgroup (a named barrier), so the warpgroups drift apart and one's elementwise step overlaps
-//   another's products.
+//   another's products;
+// - or (dQ summed, head dim 64) each consumer stages its 64 x 64 partial of dQ in a buffer of its
+//   own, and the producer's warps 2 and 3 add the consumers' partials of each query tile in shared
+//   memory and hand the sum to the L2 as one bulk reduction of the tile's 16 KB: one reduction a
+//   query tile instead of one a consumer (Nsight Compute put a third of the backward's time in the
+//   L2's reductions).
 //
 // Under a causal mask a later consumer's keys see fewer query tiles (its first tiles are masked out
 // entirely): it waits for those tiles and releases them without computing.
@@ -37,15 +42,20 @@ using bf16 = __nv_bfloat16;
 using namespace attn;
 constexpr int kStages = 2, BRB = 64;  // query tiles of 64 rows
 
+// How dQ's partial sums reach dq_acc: an atomic a pair of elements; each consumer's bulk reductions
+// of its rows (attn::reduce_dq); or the consumers' partials summed in shared memory first, one bulk
+// reduction a query tile (head dim 64 for both bulk paths)
+enum DqPath { kDqAtomic, kDqBulk, kDqSummed };
+constexpr uint32_t kDqSumBytes = BRB * 64 * 4;  // the summed tile, rows of 64 floats back to back
+
 __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
 
 // (NWG + 1) * 128 threads, one block an SM. Block i takes key tile (work item) i of attn::tile_order
 // (heaviest first), then, in a persistent grid of at most a block an SM, the next unclaimed one (a
 // dynamic walk, attn::next_index); K and V sit in two buffers (the next item's load while this one runs). The Q / dO
 // ring runs on across items: entry e of the block's walk sits in stage e % kStages.
-// BulkDq: dQ's partial sums go into dq_acc by bulk reductions of whole rows (attn::reduce_dq, head
-// dim 64) instead of an atomic a pair of elements.
-template <int D, int NWG, bool BulkDq>
+// Dq: the DqPath of dQ's partial sums.
+template <int D, int NWG, int Dq>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     bwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, int rows_inner,
@@ -56,16 +66,18 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     constexpr int BKB = 64 * NWG;
     using PD = Panels<D>;
     constexpr int P = PD::P, W = PD::W;
-    static_assert(!BulkDq || D == 64, "dQ by rows of 64 floats");
-    constexpr uint32_t kDqRows = BulkDq ? 64 * kDqStride : 0;  // a consumer's staged dQ rows
+    static_assert(Dq == kDqAtomic || D == 64, "dQ by rows of 64 floats");
+    constexpr uint32_t kDqRows = Dq != kDqAtomic ? 64 * kDqStride : 0;  // a consumer's staged dQ rows
+    constexpr uint32_t kSum = Dq == kDqSummed ? kDqSumBytes : 0;
+    constexpr int kSummers = Dq == kDqSummed ? 2 : 0;  // the producer's warps 2 and 3 sum dQ
     constexpr uint32_t kKeys = PD::tile_bytes(BKB), kTile = PD::tile_bytes(BRB), kPanel = 64 * 128;
     extern __shared__ unsigned char smem_raw[];
-    // K, V [2](BKB, D); Q, dO [kStages](64, D); dS^T (64, 64) a consumer; (BulkDq) dQ's rows a
-    // consumer; lse, delta [kStages][64]; the mbarriers
+    // K, V [2](BKB, D); Q, dO [kStages](64, D); dS^T (64, 64) a consumer; (bulk paths) dQ's rows a
+    // consumer; (summed) their sum; lse, delta [kStages][64]; the mbarriers
     const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + 2 * kKeys;
     const uint32_t sQ = sV + 2 * kKeys, sdO = sQ + kStages * kTile, sdS0 = sdO + kStages * kTile;
-    const uint32_t sDq0 = sdS0 + NWG * kPanel;
-    float* sLse = reinterpret_cast<float*>(smem_raw + (sDq0 + NWG * kDqRows - smem_addr(smem_raw)));
+    const uint32_t sDq0 = sdS0 + NWG * kPanel, sDqSum = sDq0 + NWG * kDqRows;
+    float* sLse = reinterpret_cast<float*>(smem_raw + (sDqSum + kSum - smem_addr(smem_raw)));
     float* sDelta = sLse + kStages * BRB;
     const uint32_t bars = smem_addr(sDelta + kStages * BRB);
     auto kv_full = [&](int buf) { return bars + 16 * buf; };
@@ -74,6 +86,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     auto empty = [&](int s) { return bars + 40 + 16 * s; };
     // the item of each K/V buffer, written by the producer before the buffer's "full" arrival
     volatile int* item_of = reinterpret_cast<int*>(smem_raw + (bars + 32 + 16 * kStages - smem_addr(smem_raw)));
+    // (summed) consumer c's staged partial: written (4 warps arrive), and read by the summing warps (2)
+    auto dq_full = [&](int c) { return bars + 40 + 16 * kStages + 16 * c; };
+    auto dq_empty = [&](int c) { return bars + 48 + 16 * kStages + 16 * c; };
     auto stage = [](int e) { return e % kStages; };
     auto phase = [](int e) { return (uint32_t)((e / kStages) & 1); };
     const int ktiles = (S + BKB - 1) / BKB, work = ktiles * B * H, off = S - Tq;
@@ -86,16 +101,27 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         const int i_begin = causal ? max(0, k0 - off) / BRB * BRB : 0;  // the first query tile any consumer sees
         return Item{at.bh, at.bh / H, at.bh % H, k0, i_begin, Tq > i_begin ? (Tq - i_begin + BRB - 1) / BRB : 0};
     };
+    // the query tiles of an item that consumer c skips: all where its keys are past S, else those
+    // wholly before its first visible query
+    auto skipped = [&](const Item& it, int c) {
+        const int kc0 = it.k0 + 64 * c;
+        return kc0 >= S ? it.ntiles : causal ? (max(0, kc0 - off) / BRB * BRB - it.i_begin) / BRB : 0;
+    };
     const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
     if (threadIdx.x == 0) {
         for (int i = 0; i < 2; ++i) {
             tma::init(kv_full(i), 1);
-            tma::init(kv_empty(i), NWG * kArrivalsPerConsumer);
+            tma::init(kv_empty(i), NWG * kArrivalsPerConsumer + kSummers);
         }
         for (int s = 0; s < kStages; ++s) {
             tma::init(full(s), 1 + 32);  // the TMA thread's arrival, and the lse / delta warp's lanes
             tma::init(empty(s), NWG * kArrivalsPerConsumer);
         }
+        if constexpr (Dq == kDqSummed)
+            for (int c = 0; c < NWG; ++c) {
+                tma::init(dq_full(c), kArrivalsPerConsumer);
+                tma::init(dq_empty(c), kSummers);
+            }
         tma::fence_init();
     }
     __syncthreads();
@@ -148,6 +174,54 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     tma::arrive(full(s));
                 }
             }
+        } else if (Dq == kDqSummed && threadIdx.x >> 6 == 1) {
+            // warps 2 and 3: the consumers' partials of each entry summed into sDqSum, which thread 64
+            // hands to the L2 as one bulk reduction (consumer 0 has a partial of every entry: its keys
+            // are the item's first)
+            const int r = threadIdx.x - 64;  // 0 .. 63: float4 r, r + 64, ... of the tile
+            const uint32_t sum_bar = NWG + 1;   // the named barrier of these 64 threads (consumers: 1 .. NWG)
+            auto sync = [&] { asm volatile("bar.sync %0, 64;\n" ::"r"(sum_bar) : "memory"); };
+            int taken[NWG] = {};  // partials taken from each consumer so far
+            for (int n = 0;; ++n) {
+                tma::wait(kv_full(n & 1), (n >> 1) & 1);
+                const int index = item_of[n & 1];
+                release(kv_empty(n & 1));  // only its index was needed: the buffer may be refilled
+                if (index >= work) break;
+                const Item it = item(index);
+                int skip[NWG];
+#pragma unroll
+                for (int c = 0; c < NWG; ++c) skip[c] = skipped(it, c);
+                for (int j = 0; j < it.ntiles; ++j) {
+#pragma unroll
+                    for (int c = 0; c < NWG; ++c)
+                        if (j >= skip[c]) tma::wait(dq_full(c), taken[c] & 1);
+                    if (r == 0) tma::wait_read<0>();  // the previous tile's reduction has read sDqSum
+                    sync();
+#pragma unroll 1
+                    for (int f = r; f < BRB * 16; f += 64) {  // float4 f: row f / 16, columns 4 (f % 16) ..
+                        const uint32_t at = (f >> 4) * kDqStride + (f & 15) * 16;
+                        float4 sum = ld_shared_f4(sDq0 + at);
+#pragma unroll
+                        for (int c = 1; c < NWG; ++c)
+                            if (j >= skip[c]) {
+                                const float4 v = ld_shared_f4(sDq0 + c * kDqRows + at);
+                                sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+                            }
+                        st_shared_f4(sDqSum + f * 16, sum);
+                    }
+#pragma unroll
+                    for (int c = 0; c < NWG; ++c)
+                        if (j >= skip[c]) release(dq_empty(c)), ++taken[c];
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the sum, before the bulk read
+                    sync();
+                    const int i0 = it.i_begin + j * BRB;
+                    if (r == 0) {
+                        tma::reduce_add_f32(dq_acc + ((int64_t)it.bh * Tq + i0) * 64, sDqSum, min(BRB, Tq - i0) * 64 * 4);
+                        tma::commit();
+                    }
+                }
+            }
+            if (r == 0) tma::wait_done<0>();  // the last reduction, before the block's shared memory goes
         }
         return;
     }
@@ -160,17 +234,15 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     const uint64_t desc_ds = wgmma::desc(sdS);
     auto wg_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); };
 
-    int e0 = 0;  // the block's first Q/dO entry of the current item
+    int e0 = 0;      // the block's first Q/dO entry of the current item
+    int staged = 0;  // (summed) dQ partials this consumer has staged
     for (int n = 0;; ++n) {
         const int buf = n & 1;
         tma::wait(kv_full(buf), (n >> 1) & 1);
         const int index = item_of[buf];
         if (index >= work) break;
         const Item itm = item(index);
-        const int kc0 = itm.k0 + 64 * c, ntiles = itm.ntiles;
-        // query tiles this consumer skips: all where its keys are past S, else those wholly before its
-        // first visible query
-        const int skip = kc0 >= S ? ntiles : causal ? (max(0, kc0 - off) / BRB * BRB - itm.i_begin) / BRB : 0;
+        const int kc0 = itm.k0 + 64 * c, ntiles = itm.ntiles, skip = skipped(itm, c);
         float* dq_bh = dq_acc + (int64_t)itm.bh * Tq * D;
         float dk_acc[D / 8][4], dv_acc[D / 8][4];
         zero(dk_acc);
@@ -223,7 +295,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     release(empty(s));  // every product that reads this stage's Q and dO is done
                 }
                 if (p == P - 1 && j + 1 == ntiles) release(kv_empty(buf));  // and, at the end, with K and V
-                if constexpr (BulkDq)
+                if constexpr (Dq == kDqSummed) {
+                    tma::wait(dq_empty(c), (staged & 1) ^ 1);  // the summing warps have read the last one
+                    put_dq_rows(dq, smem_raw + (sDq - smem_addr(smem_raw)), lane);
+                    release(dq_full(c));
+                    ++staged;
+                } else if constexpr (Dq == kDqBulk)
                     reduce_dq(dq_bh, dq, i0 + warp * 16, Tq, smem_raw + (sDq - smem_addr(smem_raw)), sDq, lane);
                 else
                     add_dq(dq_bh, D, dq, i0 + warp * 16, p * W, Tq, g, t);
@@ -235,7 +312,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                                dk_acc, dv_acc, key, S, t, scale);
         e0 += ntiles;
     }
-    if constexpr (BulkDq) tma::wait_done<0>();  // the last reductions, before the block's shared memory goes
+    if constexpr (Dq == kDqBulk) tma::wait_done<0>();  // the last reductions, before the block's shared memory goes
 #else
     __trap();  // built without sm_90a: attention_backward_ws never launches this
 #endif
@@ -244,7 +321,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 unsigned* counters[64] = {};  // g_next_item's address on each device
 
 // dynamic: a persistent grid walking the items dynamically, else a block an item
-template <int D, int NWG, bool BulkDq>
+template <int D, int NWG, int Dq>
 bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
               const void* q, const void* k, const void* v, const float* lse, const float* delta, AttnLayout lq,
               AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
@@ -254,11 +331,12 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
     if (!make_map(&mq, &rq, q, lq, B, H, T, D, BRB) || !make_map(&mk, &rk, k, lk, B, H, S, D, BKB) ||
         !make_map(&mv, &rv, v, lv, B, H, S, D, BKB) || !make_map(&mdo, &rdo, dout, lo, B, H, T, D, BRB))
         return false;
-    // K, V [2](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer; lse, delta [kStages];
-    // the mbarriers; slack to align the tiles to 1024 bytes
+    // K, V [2](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer, and their sum; lse,
+    // delta [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
     const int bytes = (int)Panels<D>::tile_bytes(4 * BKB + 2 * kStages * BRB) + NWG * 64 * 128 +
-                      (BulkDq ? NWG * 64 * kDqStride : 0) + 2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
-    auto kernel = bwd_ws_kernel<D, NWG, BulkDq>;
+                      (Dq != kDqAtomic ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? kDqSumBytes + 16 * NWG : 0) +
+                      2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
+    auto kernel = bwd_ws_kernel<D, NWG, Dq>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
     // a block an item, or (dynamic) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(S, BKB) * B * H;
@@ -271,8 +349,8 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 
 }  // namespace
 
-// kernel: 1 three consumers, 2 two (a block an item); + 8 dQ by bulk reductions (head dim 64); + 16
-// persistent with a dynamic walk. (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54 ms
+// kernel: 1 three consumers, 2 two (a block an item); + 8 dQ by bulk reductions (head dim 64), + 32
+// dQ summed in shared memory first (head dim 64; over + 8); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54 ms
 // against 0.32-0.38 at gpt2_124m's shape.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
@@ -281,11 +359,15 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
     const int variant = kernel & 3;
     if (kernel & 4) return false;
     const bool dynamic = kernel & 16;
-    const bool bulk = kernel & 8;
+    const int dq = kernel & 32 ? kDqSummed : kernel & 8 ? kDqBulk : kDqAtomic;
 #define ARGS dynamic, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
-    if (D == 64 && variant == 1) return bulk ? backward<64, 3, true>(ARGS) : backward<64, 3, false>(ARGS);
-    if (D == 64 && variant == 2) return bulk ? backward<64, 2, true>(ARGS) : backward<64, 2, false>(ARGS);
-    if (D == 128 && variant != 0) return backward<128, 2, false>(ARGS);  // three consumers would spill at 128
+    if (D == 64 && variant == 1)
+        return dq == kDqSummed ? backward<64, 3, kDqSummed>(ARGS)
+               : dq == kDqBulk ? backward<64, 3, kDqBulk>(ARGS) : backward<64, 3, kDqAtomic>(ARGS);
+    if (D == 64 && variant == 2)
+        return dq == kDqSummed ? backward<64, 2, kDqSummed>(ARGS)
+               : dq == kDqBulk ? backward<64, 2, kDqBulk>(ARGS) : backward<64, 2, kDqAtomic>(ARGS);
+    if (D == 128 && variant != 0) return backward<128, 2, kDqAtomic>(ARGS);  // three consumers would spill at 128
 #undef ARGS
     return false;
 }

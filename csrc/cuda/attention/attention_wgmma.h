@@ -25,9 +25,9 @@ bool attention_wgmma_backward(bool enabled);
 int attention_wgmma_forward_kernel(int kernel);
 
 // Which backward kernel runs at head dims 64 and 128 (attention_bwd_ws.cu's warp-specialised ones:
-// 1 = 3 consumer warpgroups of 64 keys, 2 = 2 of them (at head dim 128 both are 2); 0 =
-// attention_wgmma.cu's own, one warpgroup a block loading with cp.async; -1, the default: by shape);
-// returns the previous choice
+// 1 = 3 consumer warpgroups of 64 keys, 2 = 2 of them (at head dim 128 both are 2), plus the flags
+// of attention_backward_ws; 0 = attention_wgmma.cu's own, one warpgroup a block loading with cp.async;
+// -1, the default: by shape); returns the previous choice
 int attention_wgmma_backward_kernel(int kernel);
 
 // attention_fwd_ws.cu: the warp-specialised forward, as attention_forward_wgmma; false where it does

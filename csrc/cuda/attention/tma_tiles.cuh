@@ -58,22 +58,38 @@ __device__ __forceinline__ void release(uint32_t empty_bar) {
 // (rows kDqStride bytes apart, so that a half-warp's 8-byte stores meet no bank twice), then its
 // lanes 0-15 each reduce one row of 256 bytes into dq_bh (rows of 64 floats).
 constexpr int kDqStride = 72 * 4;
-__device__ __forceinline__ void reduce_dq(float* dq_bh, const float (&dq)[8][4], int qrow, int Tq,
-                                          unsigned char* rows, uint32_t rows_addr, int lane) {
+
+// a warp's 16 x 64 accumulator of dQ (the wgmma m64n64 fragment's rows g, g + 8) -> its rows at `rows`
+__device__ __forceinline__ void put_dq_rows(const float (&dq)[8][4], unsigned char* rows, int lane) {
     const int g = lane >> 2, t = lane & 3;
-    tma::wait_read<0>();  // this lane's reductions of the previous tile have read their rows
-    __syncwarp();
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         *reinterpret_cast<float2*>(rows + g * kDqStride + (8 * j + 2 * t) * 4) = make_float2(dq[j][0], dq[j][1]);
         *reinterpret_cast<float2*>(rows + (g + 8) * kDqStride + (8 * j + 2 * t) * 4) = make_float2(dq[j][2], dq[j][3]);
     }
+}
+
+__device__ __forceinline__ void reduce_dq(float* dq_bh, const float (&dq)[8][4], int qrow, int Tq,
+                                          unsigned char* rows, uint32_t rows_addr, int lane) {
+    tma::wait_read<0>();  // this lane's reductions of the previous tile have read their rows
+    __syncwarp();
+    put_dq_rows(dq, rows, lane);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before the bulk reads
     __syncwarp();
     if (lane < 16 && qrow + lane < Tq) {
         tma::reduce_add_f32(dq_bh + (int64_t)(qrow + lane) * 64, rows_addr + lane * kDqStride, 64 * 4);
         tma::commit();
     }
+}
+
+__device__ __forceinline__ float4 ld_shared_f4(uint32_t addr) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_shared_f4(uint32_t addr, float4 v) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
 }
 
 // A block's next work item after `index`: in a grid of a block an item (next_item null) one past the

@@ -278,10 +278,13 @@ def attention_wgmma_forward_kernel(kernel: int) -> int:
 
 
 # backward kernels at head dims 64 and 128: consumer warpgroups (of 64 keys each) of the warp-specialised
-# ones, dQ added by atomics or by bulk reductions of whole rows (head dim 64), a block a work item or
-# at most a block an SM walking them (dynamic: each block taking the next unclaimed item)
+# ones, dQ added by atomics, by each consumer's bulk reductions of whole rows (head dim 64) or summed
+# over the consumers in shared memory first (summed-dq, head dim 64: one bulk reduction a query
+# tile), a block a work item or at most a block an SM walking them (dynamic: each block taking the
+# next unclaimed item)
 BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64": 2, "ws 3x64 bulk-dq": 9,
-                    "ws 2x64 bulk-dq": 10, "ws 2x64 dynamic": 18, "ws 3x64 bulk-dq dynamic": 25}
+                    "ws 2x64 bulk-dq": 10, "ws 2x64 dynamic": 18, "ws 3x64 bulk-dq dynamic": 25,
+                    "ws 3x64 summed-dq": 41, "ws 2x64 summed-dq": 42, "ws 3x64 summed-dq dynamic": 57}
 
 
 def attention_wgmma_backward_kernel(kernel: int) -> int:
