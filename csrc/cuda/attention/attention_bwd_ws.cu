@@ -14,11 +14,11 @@
 //   bulk reductions of whole rows staged in shared memory), synchronising only within its
 //   warpgroup (a named barrier), so the warpgroups drift apart and one's elementwise step overlaps
 //   another's products;
-// - or (dQ summed, head dim 64) each consumer stages its 64 x 64 partial of dQ in a buffer of its
-//   own, and the producer's warps 2 and 3 add the consumers' partials of each query tile in shared
-//   memory and hand the sum to the L2 as one bulk reduction of the tile's 16 KB: one reduction a
-//   query tile instead of one a consumer (Nsight Compute put a third of the backward's time in the
-//   L2's reductions).
+// - or (dQ summed) each consumer stages its partial of dQ, a 64 x 64 panel at a time, in a buffer of
+//   its own, and the producer's warps 2 and 3 add the consumers' partials of each query tile in
+//   shared memory and hand the sum to the L2 as one bulk reduction of the tile (16 KB, 32 at head
+//   dim 128): one reduction a query tile instead of one a consumer (Nsight Compute put a third of
+//   the backward's time in dQ's path).
 //
 // Under a causal mask a later consumer's keys see fewer query tiles (its first tiles are masked out
 // entirely): it waits for those tiles and releases them without computing.
@@ -44,9 +44,13 @@ constexpr int kStages = 2, BRB = 64;  // query tiles of 64 rows
 
 // How dQ's partial sums reach dq_acc: an atomic a pair of elements; each consumer's bulk reductions
 // of its rows (attn::reduce_dq); or the consumers' partials summed in shared memory first, one bulk
-// reduction a query tile (head dim 64 for both bulk paths)
+// reduction a query tile (head dim 64 for the consumers' own, 64 and 128 summed)
 enum DqPath { kDqAtomic, kDqBulk, kDqSummed };
-constexpr uint32_t kDqSumBytes = BRB * 64 * 4;  // the summed tile, rows of 64 floats back to back
+// the summed tile, rows of D floats back to back
+constexpr uint32_t dq_sum_bytes(int D) { return BRB * D * 4; }
+// K and V's buffers: two (the next item's load while this one runs), or one where dQ summed at head
+// dim 128 needs the room; a launch with one is a block an item (the walk never reuses the buffer)
+constexpr int kv_buffers(int D, int Dq) { return D == 128 && Dq == kDqSummed ? 1 : 2; }
 
 __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
 
@@ -66,16 +70,18 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     constexpr int BKB = 64 * NWG;
     using PD = Panels<D>;
     constexpr int P = PD::P, W = PD::W;
-    static_assert(Dq == kDqAtomic || D == 64, "dQ by rows of 64 floats");
-    constexpr uint32_t kDqRows = Dq != kDqAtomic ? 64 * kDqStride : 0;  // a consumer's staged dQ rows
-    constexpr uint32_t kSum = Dq == kDqSummed ? kDqSumBytes : 0;
+    static_assert(Dq != kDqBulk || D == 64, "dQ by rows of 64 floats");
+    static_assert(Dq != kDqSummed || D >= 64, "dQ summed a panel of 64 columns at a time");
+    constexpr uint32_t kDqRows = Dq != kDqAtomic ? 64 * kDqStride : 0;  // a consumer's staged dQ panel
+    constexpr uint32_t kSum = Dq == kDqSummed ? dq_sum_bytes(D) : 0;
+    constexpr int kKv = kv_buffers(D, Dq);
     constexpr int kSummers = Dq == kDqSummed ? 2 : 0;  // the producer's warps 2 and 3 sum dQ
     constexpr uint32_t kKeys = PD::tile_bytes(BKB), kTile = PD::tile_bytes(BRB), kPanel = 64 * 128;
     extern __shared__ unsigned char smem_raw[];
     // K, V [2](BKB, D); Q, dO [kStages](64, D); dS^T (64, 64) a consumer; (bulk paths) dQ's rows a
     // consumer; (summed) their sum; lse, delta [kStages][64]; the mbarriers
-    const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + 2 * kKeys;
-    const uint32_t sQ = sV + 2 * kKeys, sdO = sQ + kStages * kTile, sdS0 = sdO + kStages * kTile;
+    const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + kKv * kKeys;
+    const uint32_t sQ = sV + kKv * kKeys, sdO = sQ + kStages * kTile, sdS0 = sdO + kStages * kTile;
     const uint32_t sDq0 = sdS0 + NWG * kPanel, sDqSum = sDq0 + NWG * kDqRows;
     float* sLse = reinterpret_cast<float*>(smem_raw + (sDqSum + kSum - smem_addr(smem_raw)));
     float* sDelta = sLse + kStages * BRB;
@@ -143,8 +149,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 }
                 const Item it = item(index);
                 tma::arrive_expect_tx(kv_full(buf), 2 * kKeys);
-                load_rows<P, BKB>(sK + buf * kKeys, &tk, rows_inner & 2, kv_full(buf), it.k0, it.h, it.b);
-                load_rows<P, BKB>(sV + buf * kKeys, &tv, rows_inner & 4, kv_full(buf), it.k0, it.h, it.b);
+                load_rows<P, BKB>(sK + buf % kKv * kKeys, &tk, rows_inner & 2, kv_full(buf), it.k0, it.h, it.b);
+                load_rows<P, BKB>(sV + buf % kKv * kKeys, &tv, rows_inner & 4, kv_full(buf), it.k0, it.h, it.b);
                 index = next_index(index, work, next_item);
                 for (int j = 0; j < it.ntiles; ++j, ++e) {
                     const int s = stage(e), i0 = it.i_begin + j * BRB;
@@ -193,30 +199,35 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 for (int c = 0; c < NWG; ++c) skip[c] = skipped(it, c);
                 for (int j = 0; j < it.ntiles; ++j) {
 #pragma unroll
-                    for (int c = 0; c < NWG; ++c)
-                        if (j >= skip[c]) tma::wait(dq_full(c), taken[c] & 1);
-                    if (r == 0) tma::wait_read<0>();  // the previous tile's reduction has read sDqSum
-                    sync();
+                    for (int p = 0; p < P; ++p) {  // the consumers stage a panel of 64 columns at a time
+#pragma unroll
+                        for (int c = 0; c < NWG; ++c)
+                            if (j >= skip[c]) tma::wait(dq_full(c), taken[c] & 1);
+                        if (p == 0) {
+                            if (r == 0) tma::wait_read<0>();  // the previous tile's reduction has read sDqSum
+                            sync();
+                        }
 #pragma unroll 1
-                    for (int f = r; f < BRB * 16; f += 64) {  // float4 f: row f / 16, columns 4 (f % 16) ..
-                        const uint32_t at = (f >> 4) * kDqStride + (f & 15) * 16;
-                        float4 sum = ld_shared_f4(sDq0 + at);
+                        for (int f = r; f < BRB * 16; f += 64) {  // float4 f: row f / 16, columns 4 (f % 16) ..
+                            const uint32_t at = (f >> 4) * kDqStride + (f & 15) * 16;
+                            float4 sum = ld_shared_f4(sDq0 + at);
 #pragma unroll
-                        for (int c = 1; c < NWG; ++c)
-                            if (j >= skip[c]) {
-                                const float4 v = ld_shared_f4(sDq0 + c * kDqRows + at);
-                                sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
-                            }
-                        st_shared_f4(sDqSum + f * 16, sum);
+                            for (int c = 1; c < NWG; ++c)
+                                if (j >= skip[c]) {
+                                    const float4 v = ld_shared_f4(sDq0 + c * kDqRows + at);
+                                    sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+                                }
+                            st_shared_f4(sDqSum + (f >> 4) * (D * 4) + p * 256 + (f & 15) * 16, sum);
+                        }
+#pragma unroll
+                        for (int c = 0; c < NWG; ++c)
+                            if (j >= skip[c]) release(dq_empty(c)), ++taken[c];
                     }
-#pragma unroll
-                    for (int c = 0; c < NWG; ++c)
-                        if (j >= skip[c]) release(dq_empty(c)), ++taken[c];
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the sum, before the bulk read
                     sync();
                     const int i0 = it.i_begin + j * BRB;
                     if (r == 0) {
-                        tma::reduce_add_f32(dq_acc + ((int64_t)it.bh * Tq + i0) * 64, sDqSum, min(BRB, Tq - i0) * 64 * 4);
+                        tma::reduce_add_f32(dq_acc + ((int64_t)it.bh * Tq + i0) * D, sDqSum, min(BRB, Tq - i0) * D * 4);
                         tma::commit();
                     }
                 }
@@ -251,8 +262,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         uint64_t desc_k[P], desc_v[P];  // this consumer's 64 rows of each panel
 #pragma unroll
         for (int p = 0; p < P; ++p)
-            desc_k[p] = wgmma::desc(sK + buf * kKeys + p * (BKB * 128) + c * kPanel),
-            desc_v[p] = wgmma::desc(sV + buf * kKeys + p * (BKB * 128) + c * kPanel);
+            desc_k[p] = wgmma::desc(sK + buf % kKv * kKeys + p * (BKB * 128) + c * kPanel),
+            desc_v[p] = wgmma::desc(sV + buf % kKv * kKeys + p * (BKB * 128) + c * kPanel);
 
         if (skip >= ntiles) release(kv_empty(buf));
         for (int j = 0; j < ntiles; ++j) {
@@ -333,13 +344,14 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
         return false;
     // K, V [2](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer, and their sum; lse,
     // delta [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
-    const int bytes = (int)Panels<D>::tile_bytes(4 * BKB + 2 * kStages * BRB) + NWG * 64 * 128 +
-                      (Dq != kDqAtomic ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? kDqSumBytes + 16 * NWG : 0) +
+    const int bytes = (int)Panels<D>::tile_bytes(2 * kv_buffers(D, Dq) * BKB + 2 * kStages * BRB) + NWG * 64 * 128 +
+                      (Dq != kDqAtomic ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
                       2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
     auto kernel = bwd_ws_kernel<D, NWG, Dq>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
     // a block an item, or (dynamic) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(S, BKB) * B * H;
+    if (kv_buffers(D, Dq) == 1) dynamic = false;  // a walk would reuse the one K/V buffer
     const unsigned grid = (unsigned)(dynamic ? std::min<int64_t>(items, sm_count(device)) : items);
     kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, mdo, (int)rq | (int)rk << 1 | (int)rv << 2 | (int)rdo << 3,
                                                  (bf16*)dk, (bf16*)dv, dq_acc, lse, delta, lk, lv, B, H, T, S, causal,
@@ -350,7 +362,8 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 }  // namespace
 
 // kernel: 1 three consumers, 2 two (a block an item); + 8 dQ by bulk reductions (head dim 64), + 32
-// dQ summed in shared memory first (head dim 64; over + 8); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54 ms
+// dQ summed in shared memory first (over + 8; at head dim 128 always a block an item, as K and V
+// have one buffer there); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54 ms
 // against 0.32-0.38 at gpt2_124m's shape.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
@@ -367,7 +380,8 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
     if (D == 64 && variant == 2)
         return dq == kDqSummed ? backward<64, 2, kDqSummed>(ARGS)
                : dq == kDqBulk ? backward<64, 2, kDqBulk>(ARGS) : backward<64, 2, kDqAtomic>(ARGS);
-    if (D == 128 && variant != 0) return backward<128, 2, kDqAtomic>(ARGS);  // three consumers would spill at 128
+    if (D == 128 && variant != 0)  // (two consumers: three would spill at 128)
+        return dq == kDqSummed ? backward<128, 2, kDqSummed>(ARGS) : backward<128, 2, kDqAtomic>(ARGS);
 #undef ARGS
     return false;
 }
