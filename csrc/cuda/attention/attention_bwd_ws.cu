@@ -56,8 +56,9 @@ __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_inde
 
 // (NWG + 1) * 128 threads, one block an SM. Block i takes key tile (work item) i of attn::tile_order
 // (heaviest first), then, in a persistent grid of at most a block an SM, the next unclaimed one (a
-// dynamic walk, attn::next_index); K and V sit in two buffers (the next item's load while this one runs). The Q / dO
-// ring runs on across items: entry e of the block's walk sits in stage e % kStages.
+// dynamic walk, attn::next_index); K and V sit in kv_buffers(D, Dq) buffers (two: the next item's
+// load while this one runs). The Q / dO ring runs on across items: entry e of the block's walk sits
+// in stage e % kStages.
 // Dq: the DqPath of dQ's partial sums.
 template <int D, int NWG, int Dq>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     constexpr int kSummers = Dq == kDqSummed ? 2 : 0;  // the producer's warps 2 and 3 sum dQ
     constexpr uint32_t kKeys = PD::tile_bytes(BKB), kTile = PD::tile_bytes(BRB), kPanel = 64 * 128;
     extern __shared__ unsigned char smem_raw[];
-    // K, V [2](BKB, D); Q, dO [kStages](64, D); dS^T (64, 64) a consumer; (bulk paths) dQ's rows a
+    // K, V [kKv](BKB, D); Q, dO [kStages](64, D); dS^T (64, 64) a consumer; (bulk paths) dQ's rows a
     // consumer; (summed) their sum; lse, delta [kStages][64]; the mbarriers
     const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + kKv * kKeys;
     const uint32_t sQ = sV + kKv * kKeys, sdO = sQ + kStages * kTile, sdS0 = sdO + kStages * kTile;
@@ -342,7 +343,7 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
     if (!make_map(&mq, &rq, q, lq, B, H, T, D, BRB) || !make_map(&mk, &rk, k, lk, B, H, S, D, BKB) ||
         !make_map(&mv, &rv, v, lv, B, H, S, D, BKB) || !make_map(&mdo, &rdo, dout, lo, B, H, T, D, BRB))
         return false;
-    // K, V [2](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer, and their sum; lse,
+    // K, V [kv_buffers](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer, and their sum; lse,
     // delta [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
     const int bytes = (int)Panels<D>::tile_bytes(2 * kv_buffers(D, Dq) * BKB + 2 * kStages * BRB) + NWG * 64 * 128 +
                       (Dq != kDqAtomic ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
@@ -363,8 +364,8 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 
 // kernel: 1 three consumers, 2 two (a block an item); + 8 dQ by bulk reductions (head dim 64), + 32
 // dQ summed in shared memory first (over + 8; at head dim 128 always a block an item, as K and V
-// have one buffer there); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54 ms
-// against 0.32-0.38 at gpt2_124m's shape.)
+// have one buffer there); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static
+// stride, is gone: 0.42-0.54 ms against 0.32-0.38 at gpt2_124m's shape.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
                            AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
