@@ -43,14 +43,20 @@ using namespace attn;
 constexpr int kStages = 2, BRB = 64;  // query tiles of 64 rows
 
 // How dQ's partial sums reach dq_acc: an atomic a pair of elements; each consumer's bulk reductions
-// of its rows (attn::reduce_dq); or the consumers' partials summed in shared memory first, one bulk
-// reduction a query tile (head dim 64 for the consumers' own, 64 and 128 summed)
-enum DqPath { kDqAtomic, kDqBulk, kDqSummed };
+// of its rows (attn::reduce_dq; head dim 64); the consumers' partials summed in shared memory first,
+// one bulk reduction a query tile (head dims 64 and 128); or split (head dim 128, two consumers): no
+// partials across consumers, each computing its own 64 of dQ's columns over both consumers' keys (the
+// other's dS read from shared memory) and reducing those rows into dq_acc
+enum DqPath { kDqAtomic, kDqBulk, kDqSummed, kDqSplit };
 // the summed tile, rows of D floats back to back
 constexpr uint32_t dq_sum_bytes(int D) { return BRB * D * 4; }
-// K and V's buffers: two (the next item's load while this one runs), or one where dQ summed at head
-// dim 128 needs the room; a launch with one is a block an item (the walk never reuses the buffer)
-constexpr int kv_buffers(int D, int Dq) { return D == 128 && Dq == kDqSummed ? 1 : 2; }
+// K and V's buffers: two (the next item's load while this one runs), or one where dQ summed or split
+// at head dim 128 needs the room; a launch with one is a block an item (the walk never reuses the
+// buffer)
+constexpr int kv_buffers(int D, int Dq) { return D == 128 && Dq >= kDqSummed ? 1 : 2; }
+// dS^T's buffers a consumer: two where dQ is split (the other consumer may still read one tile's
+// while this one writes the next's), else one
+constexpr int ds_buffers(int Dq) { return Dq == kDqSplit ? 2 : 1; }
 
 __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
 
@@ -73,17 +79,18 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     constexpr int P = PD::P, W = PD::W;
     static_assert(Dq != kDqBulk || D == 64, "dQ by rows of 64 floats");
     static_assert(Dq != kDqSummed || D >= 64, "dQ summed a panel of 64 columns at a time");
+    static_assert(Dq != kDqSplit || (D == 128 && NWG == 2), "dQ split into a panel of columns a consumer");
     constexpr uint32_t kDqRows = Dq != kDqAtomic ? 64 * kDqStride : 0;  // a consumer's staged dQ panel
     constexpr uint32_t kSum = Dq == kDqSummed ? dq_sum_bytes(D) : 0;
-    constexpr int kKv = kv_buffers(D, Dq);
+    constexpr int kKv = kv_buffers(D, Dq), kDs = ds_buffers(Dq);
     constexpr int kSummers = Dq == kDqSummed ? 2 : 0;  // the producer's warps 2 and 3 sum dQ
     constexpr uint32_t kKeys = PD::tile_bytes(BKB), kTile = PD::tile_bytes(BRB), kPanel = 64 * 128;
     extern __shared__ unsigned char smem_raw[];
-    // K, V [kKv](BKB, D); Q, dO [kStages](64, D); dS^T (64, 64) a consumer; (bulk paths) dQ's rows a
-    // consumer; (summed) their sum; lse, delta [kStages][64]; the mbarriers
+    // K, V [kKv](BKB, D); Q, dO [kStages](64, D); dS^T (64, 64) [kDs] a consumer; (bulk paths) dQ's
+    // rows a consumer; (summed) their sum; lse, delta [kStages][64]; the mbarriers
     const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + kKv * kKeys;
     const uint32_t sQ = sV + kKv * kKeys, sdO = sQ + kStages * kTile, sdS0 = sdO + kStages * kTile;
-    const uint32_t sDq0 = sdS0 + NWG * kPanel, sDqSum = sDq0 + NWG * kDqRows;
+    const uint32_t sDq0 = sdS0 + kDs * NWG * kPanel, sDqSum = sDq0 + NWG * kDqRows;
     float* sLse = reinterpret_cast<float*>(smem_raw + (sDqSum + kSum - smem_addr(smem_raw)));
     float* sDelta = sLse + kStages * BRB;
     const uint32_t bars = smem_addr(sDelta + kStages * BRB);
@@ -241,10 +248,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     tma::claim_registers<RegisterSplit<NWG>::consumer>();
     const int c = wg - 1;  // consumer c owns keys k0 + 64 c .. k0 + 64 c + 63 of each item
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t sdS = sdS0 + c * kPanel, sDq = sDq0 + c * kDqRows + warp * 16 * kDqStride;  // this warp's dQ rows
-    unsigned char* sdS_ptr = smem_raw + (sdS - smem_addr(smem_raw));
-    const uint64_t desc_ds = wgmma::desc(sdS);
+    const uint32_t sDq = sDq0 + c * kDqRows + warp * 16 * kDqStride;  // this warp's dQ rows
+    unsigned char* const rows = smem_raw + (sDq - smem_addr(smem_raw));
+    auto sdS = [&](int b, int cc) { return sdS0 + (b * NWG + cc) * kPanel; };  // consumer cc's dS^T in buffer b
     auto wg_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); };
+    // (split) both consumers' 256 threads: every dS^T of the tile stored, or an item done
+    auto pair_sync = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(NWG + 2) : "memory"); };
 
     int e0 = 0;      // the block's first Q/dO entry of the current item
     int staged = 0;  // (summed) dQ partials this consumer has staged
@@ -255,6 +264,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         if (index >= work) break;
         const Item itm = item(index);
         const int kc0 = itm.k0 + 64 * c, ntiles = itm.ntiles, skip = skipped(itm, c);
+        const int skip_last = skipped(itm, NWG - 1);  // (split) tiles from here on, both consumers compute
         float* dq_bh = dq_acc + (int64_t)itm.bh * Tq * D;
         float dk_acc[D / 8][4], dv_acc[D / 8][4];
         zero(dk_acc);
@@ -268,7 +278,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 
         if (skip >= ntiles) release(kv_empty(buf));
         for (int j = 0; j < ntiles; ++j) {
-            const int entry = e0 + j, s = stage(entry), i0 = itm.i_begin + j * BRB;
+            const int entry = e0 + j, s = stage(entry), i0 = itm.i_begin + j * BRB, ds_buf = entry % kDs;
             tma::wait(full(s), phase(entry));
             if (j < skip) {  // no query of this tile sees these keys
                 release(empty(s));
@@ -287,10 +297,46 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             const bool full_tile = kc0 + 64 <= S && (!causal || kc0 + 64 - 1 <= i0 + off);
             uint32_t pa[4][4], dsa[4][4];
             score_grads_t(st, dpt, sLse + s * BRB, sDelta + s * BRB, full_tile, i0, key, S, causal, off, scale2, warp, g,
-                          t, sdS_ptr, pa, dsa);
+                          t, smem_raw + (sdS(ds_buf, c) - smem_addr(smem_raw)), pa, dsa);
             issue_key_grads<P, W, D>(dv_acc, dk_acc, pa, dsa, desc_do, desc_q);
-            wgmma::fence_smem();  // dS^T's stores, before the warpgroup's wgmma reads them
+            wgmma::fence_smem();  // dS^T's stores, before the wgmma reads them
+            if constexpr (Dq == kDqSplit) {
+                // both consumers see this tile: consumer c's 64 columns of dQ over the 128 keys of both
+                // (dS^T of each, K's rows of each in panel c); else consumer 0 alone, both panels over its keys
+                const bool pair = j >= skip_last;
+                auto finish = [&](float (&dq)[W / 8][4], bool first, bool last, int p) {
+                    wgmma::wait<0>();
+                    wgmma::hold(dq);
+                    wgmma::hold(dv_acc);
+                    wgmma::hold(dk_acc);
+                    if (first) {
+                        wgmma::hold(pa);
+                        wgmma::hold(dsa);
+                        release(empty(s));  // every product that reads this stage's Q and dO is done
+                    }
+                    if (last && j + 1 == ntiles) release(kv_empty(buf));  // and, at the end, with K and V
+                    reduce_dq(dq_bh + p * W, D, dq, i0 + warp * 16, Tq, rows, sDq, lane);
+                };
+                if (pair) {
+                    pair_sync();
+                    const uint32_t kp = sK + buf % kKv * kKeys + c * (BKB * 128);  // K's panel c
+                    float dq[W / 8][4];
+                    issue_dq_panel<W, NWG>(dq, {wgmma::desc(sdS(ds_buf, 0)), wgmma::desc(sdS(ds_buf, 1))},
+                                           {wgmma::desc(kp), wgmma::desc(kp + kPanel)});
+                    finish(dq, true, true, c);
+                } else {
+                    wg_sync();
+#pragma unroll
+                    for (int p = 0; p < P; ++p) {
+                        float dq[W / 8][4];
+                        issue_dq_panel<W>(dq, wgmma::desc(sdS(ds_buf, c)), desc_k[p]);
+                        finish(dq, p == 0, p == P - 1, p);
+                    }
+                }
+                continue;  // the next tile's dS^T goes to the other buffer: the next pair_sync / wg_sync orders it
+            }
             wg_sync();
+            const uint64_t desc_ds = wgmma::desc(sdS(0, c));
             // dQ (64 queries x D) = dS (queries x keys, read M-major out of dS^T) K (keys x D, N-major),
             // a panel of W columns at a time
 #pragma unroll
@@ -309,11 +355,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 if (p == P - 1 && j + 1 == ntiles) release(kv_empty(buf));  // and, at the end, with K and V
                 if constexpr (Dq == kDqSummed) {
                     tma::wait(dq_empty(c), (staged & 1) ^ 1);  // the summing warps have read the last one
-                    put_dq_rows(dq, smem_raw + (sDq - smem_addr(smem_raw)), lane);
+                    put_dq_rows(dq, rows, lane);
                     release(dq_full(c));
                     ++staged;
                 } else if constexpr (Dq == kDqBulk)
-                    reduce_dq(dq_bh, dq, i0 + warp * 16, Tq, smem_raw + (sDq - smem_addr(smem_raw)), sDq, lane);
+                    reduce_dq(dq_bh, 64, dq, i0 + warp * 16, Tq, rows, sDq, lane);
                 else
                     add_dq(dq_bh, D, dq, i0 + warp * 16, p * W, Tq, g, t);
             }
@@ -323,8 +369,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             store_key_grads<D>(dk + itm.b * lk.sb + itm.h * lk.sh, lk.st, dv + itm.b * lv.sb + itm.h * lv.sh, lv.st,
                                dk_acc, dv_acc, key, S, t, scale);
         e0 += ntiles;
+        if constexpr (Dq == kDqSplit) pair_sync();  // no dS^T of this item is read once the next one's are written
     }
-    if constexpr (Dq == kDqBulk) tma::wait_done<0>();  // the last reductions, before the block's shared memory goes
+    if constexpr (Dq == kDqBulk || Dq == kDqSplit) tma::wait_done<0>();  // the last reductions, before the block's shared memory goes
 #else
     __trap();  // built without sm_90a: attention_backward_ws never launches this
 #endif
@@ -345,7 +392,8 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
         return false;
     // K, V [kv_buffers](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer, and their sum; lse,
     // delta [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
-    const int bytes = (int)Panels<D>::tile_bytes(2 * kv_buffers(D, Dq) * BKB + 2 * kStages * BRB) + NWG * 64 * 128 +
+    const int bytes = (int)Panels<D>::tile_bytes(2 * kv_buffers(D, Dq) * BKB + 2 * kStages * BRB) +
+                      ds_buffers(Dq) * NWG * 64 * 128 +
                       (Dq != kDqAtomic ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
                       2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
     auto kernel = bwd_ws_kernel<D, NWG, Dq>;
@@ -364,7 +412,8 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 
 // kernel: 1 three consumers, 2 two (a block an item); + 8 dQ by bulk reductions (head dim 64), + 32
 // dQ summed in shared memory first (over + 8; at head dim 128 always a block an item, as K and V
-// have one buffer there); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static
+// have one buffer there); + 64 dQ split by columns between the consumers (head dim 128 and two
+// consumers only, a block an item); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static
 // stride, is gone: 0.42-0.54 ms against 0.32-0.38 at gpt2_124m's shape.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
@@ -373,7 +422,8 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
     const int variant = kernel & 3;
     if (kernel & 4) return false;
     const bool dynamic = kernel & 16;
-    const int dq = kernel & 32 ? kDqSummed : kernel & 8 ? kDqBulk : kDqAtomic;
+    const int dq = kernel & 64 ? kDqSplit : kernel & 32 ? kDqSummed : kernel & 8 ? kDqBulk : kDqAtomic;
+    if (dq == kDqSplit && (D != 128 || variant != 2)) return false;
 #define ARGS dynamic, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
     if (D == 64 && variant == 1)
         return dq == kDqSummed ? backward<64, 3, kDqSummed>(ARGS)
@@ -382,7 +432,8 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
         return dq == kDqSummed ? backward<64, 2, kDqSummed>(ARGS)
                : dq == kDqBulk ? backward<64, 2, kDqBulk>(ARGS) : backward<64, 2, kDqAtomic>(ARGS);
     if (D == 128 && variant != 0)  // (two consumers: three would spill at 128)
-        return dq == kDqSummed ? backward<128, 2, kDqSummed>(ARGS) : backward<128, 2, kDqAtomic>(ARGS);
+        return dq == kDqSplit    ? backward<128, 2, kDqSplit>(ARGS)
+               : dq == kDqSummed ? backward<128, 2, kDqSummed>(ARGS) : backward<128, 2, kDqAtomic>(ARGS);
 #undef ARGS
     return false;
 }

@@ -92,15 +92,23 @@ __device__ __forceinline__ void issue_key_grads(float (&dv_acc)[D / 8][4], float
     wgmma::commit();
 }
 
-// One panel of dQ (64 queries x W) = dS (queries x 64 keys, read M-major out of dS^T at desc_ds) K
-// (64 keys x W, N-major at desc_k: the panel's columns), k-steps of 16 keys, issued and committed
-// as one group
-template <int W>
-__device__ __forceinline__ void issue_dq_panel(float (&dq)[W / 8][4], uint64_t desc_ds, uint64_t desc_k) {
+// One panel of dQ (64 queries x W) = dS (queries x 64 N keys) K (64 N keys x W): N blocks of 64 keys,
+// block n's dS read M-major out of its dS^T at desc_ds[n] and its K rows N-major at desc_k[n] (the
+// panel's columns), k-steps of 16 keys, issued and committed as one group
+template <int W, int N = 1>
+__device__ __forceinline__ void issue_dq_panel(float (&dq)[W / 8][4], const uint64_t (&desc_ds)[N],
+                                               const uint64_t (&desc_k)[N]) {
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma::mma_ss<1, 1>(dq, desc_ds + 128 * kk, desc_k + 128 * kk, kk > 0);
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            wgmma::mma_ss<1, 1>(dq, desc_ds[n] + 128 * kk, desc_k[n] + 128 * kk, n > 0 || kk > 0);
     wgmma::commit();
+}
+template <int W>
+__device__ __forceinline__ void issue_dq_panel(float (&dq)[W / 8][4], uint64_t desc_ds, uint64_t desc_k) {
+    issue_dq_panel<W, 1>(dq, {desc_ds}, {desc_k});
 }
 
 }  // namespace attn

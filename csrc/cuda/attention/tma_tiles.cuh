@@ -53,10 +53,11 @@ __device__ __forceinline__ void release(uint32_t empty_bar) {
     if ((threadIdx.x & 31) == 0) tma::arrive(empty_bar);
 }
 
-// dQ's float32 partial sums of a 64-query tile (head dim 64) added into dq_acc by the L2's bulk
+// dQ's float32 partial sums of a 64-query tile, 64 columns of it, added into dq_acc by the L2's bulk
 // reductions instead of an atomic a pair of elements: each warp stages its 16 rows in shared memory
 // (rows kDqStride bytes apart, so that a half-warp's 8-byte stores meet no bank twice), then its
-// lanes 0-15 each reduce one row of 256 bytes into dq_bh (rows of 64 floats).
+// lanes 0-15 each reduce one row of 256 bytes into dq_cols (the panel's first column; rows ld floats
+// apart).
 constexpr int kDqStride = 72 * 4;
 
 // a warp's 16 x 64 accumulator of dQ (the wgmma m64n64 fragment's rows g, g + 8) -> its rows at `rows`
@@ -69,7 +70,7 @@ __device__ __forceinline__ void put_dq_rows(const float (&dq)[8][4], unsigned ch
     }
 }
 
-__device__ __forceinline__ void reduce_dq(float* dq_bh, const float (&dq)[8][4], int qrow, int Tq,
+__device__ __forceinline__ void reduce_dq(float* dq_cols, int ld, const float (&dq)[8][4], int qrow, int Tq,
                                           unsigned char* rows, uint32_t rows_addr, int lane) {
     tma::wait_read<0>();  // this lane's reductions of the previous tile have read their rows
     __syncwarp();
@@ -77,7 +78,7 @@ __device__ __forceinline__ void reduce_dq(float* dq_bh, const float (&dq)[8][4],
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before the bulk reads
     __syncwarp();
     if (lane < 16 && qrow + lane < Tq) {
-        tma::reduce_add_f32(dq_bh + (int64_t)(qrow + lane) * 64, rows_addr + lane * kDqStride, 64 * 4);
+        tma::reduce_add_f32(dq_cols + (int64_t)(qrow + lane) * ld, rows_addr + lane * kDqStride, 64 * 4);
         tma::commit();
     }
 }
