@@ -46,17 +46,20 @@ constexpr int kStages = 2, BRB = 64;  // query tiles of 64 rows
 // of its rows (attn::reduce_dq; head dim 64); the consumers' partials summed in shared memory first,
 // one bulk reduction a query tile (head dims 64 and 128); or split (head dim 128, two consumers): no
 // partials across consumers, each computing its own 64 of dQ's columns over both consumers' keys (the
-// other's dS read from shared memory) and reducing those rows into dq_acc
-enum DqPath { kDqAtomic, kDqBulk, kDqSummed, kDqSplit };
+// other's dS read from shared memory) and adding those into dq_acc by bulk reductions of its rows
+// (kDqSplit) or by atomics (kDqSplitAtomic: no staging, so that K and V keep two buffers)
+enum DqPath { kDqAtomic, kDqBulk, kDqSummed, kDqSplit, kDqSplitAtomic };
+constexpr bool split_dq(int Dq) { return Dq == kDqSplit || Dq == kDqSplitAtomic; }
+constexpr bool staged_dq(int Dq) { return Dq == kDqBulk || Dq == kDqSummed || Dq == kDqSplit; }
 // the summed tile, rows of D floats back to back
 constexpr uint32_t dq_sum_bytes(int D) { return BRB * D * 4; }
-// K and V's buffers: two (the next item's load while this one runs), or one where dQ summed or split
-// at head dim 128 needs the room; a launch with one is a block an item (the walk never reuses the
-// buffer)
-constexpr int kv_buffers(int D, int Dq) { return D == 128 && Dq >= kDqSummed ? 1 : 2; }
+// K and V's buffers: two (the next item's load while this one runs), or one where dQ's staging at
+// head dim 128 (summed, or split with bulk reductions) needs the room; a launch with one is a block
+// an item (the walk never reuses the buffer)
+constexpr int kv_buffers(int D, int Dq) { return D == 128 && (Dq == kDqSummed || Dq == kDqSplit) ? 1 : 2; }
 // dS^T's buffers a consumer: two where dQ is split (the other consumer may still read one tile's
 // while this one writes the next's), else one
-constexpr int ds_buffers(int Dq) { return Dq == kDqSplit ? 2 : 1; }
+constexpr int ds_buffers(int Dq) { return split_dq(Dq) ? 2 : 1; }
 
 __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
 
@@ -79,8 +82,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     constexpr int P = PD::P, W = PD::W;
     static_assert(Dq != kDqBulk || D == 64, "dQ by rows of 64 floats");
     static_assert(Dq != kDqSummed || D >= 64, "dQ summed a panel of 64 columns at a time");
-    static_assert(Dq != kDqSplit || (D == 128 && NWG == 2), "dQ split into a panel of columns a consumer");
-    constexpr uint32_t kDqRows = Dq != kDqAtomic ? 64 * kDqStride : 0;  // a consumer's staged dQ panel
+    static_assert(!split_dq(Dq) || (D == 128 && NWG == 2), "dQ split into a panel of columns a consumer");
+    constexpr uint32_t kDqRows = staged_dq(Dq) ? 64 * kDqStride : 0;  // a consumer's staged dQ panel
     constexpr uint32_t kSum = Dq == kDqSummed ? dq_sum_bytes(D) : 0;
     constexpr int kKv = kv_buffers(D, Dq), kDs = ds_buffers(Dq);
     constexpr int kSummers = Dq == kDqSummed ? 2 : 0;  // the producer's warps 2 and 3 sum dQ
@@ -252,7 +255,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     unsigned char* const rows = smem_raw + (sDq - smem_addr(smem_raw));
     auto sdS = [&](int b, int cc) { return sdS0 + (b * NWG + cc) * kPanel; };  // consumer cc's dS^T in buffer b
     auto wg_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); };
-    // (split) both consumers' 256 threads: every dS^T of the tile stored, or an item done
+    // (split dQ) both consumers' 256 threads: every dS^T of the tile stored, or an item done
     auto pair_sync = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(NWG + 2) : "memory"); };
 
     int e0 = 0;      // the block's first Q/dO entry of the current item
@@ -264,7 +267,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         if (index >= work) break;
         const Item itm = item(index);
         const int kc0 = itm.k0 + 64 * c, ntiles = itm.ntiles, skip = skipped(itm, c);
-        const int skip_last = skipped(itm, NWG - 1);  // (split) tiles from here on, both consumers compute
+        const int skip_last = skipped(itm, NWG - 1);  // (split dQ) tiles from here on, both consumers compute
         float* dq_bh = dq_acc + (int64_t)itm.bh * Tq * D;
         float dk_acc[D / 8][4], dv_acc[D / 8][4];
         zero(dk_acc);
@@ -300,7 +303,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                           t, smem_raw + (sdS(ds_buf, c) - smem_addr(smem_raw)), pa, dsa);
             issue_key_grads<P, W, D>(dv_acc, dk_acc, pa, dsa, desc_do, desc_q);
             wgmma::fence_smem();  // dS^T's stores, before the wgmma reads them
-            if constexpr (Dq == kDqSplit) {
+            if constexpr (split_dq(Dq)) {
                 // both consumers see this tile: consumer c's 64 columns of dQ over the 128 keys of both
                 // (dS^T of each, K's rows of each in panel c); else consumer 0 alone, both panels over its keys
                 const bool pair = j >= skip_last;
@@ -315,7 +318,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                         release(empty(s));  // every product that reads this stage's Q and dO is done
                     }
                     if (last && j + 1 == ntiles) release(kv_empty(buf));  // and, at the end, with K and V
-                    reduce_dq(dq_bh + p * W, D, dq, i0 + warp * 16, Tq, rows, sDq, lane);
+                    if constexpr (Dq == kDqSplit) reduce_dq(dq_bh + p * W, D, dq, i0 + warp * 16, Tq, rows, sDq, lane);
+                    else add_dq(dq_bh, D, dq, i0 + warp * 16, p * W, Tq, g, t);
                 };
                 if (pair) {
                     pair_sync();
@@ -369,7 +373,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             store_key_grads<D>(dk + itm.b * lk.sb + itm.h * lk.sh, lk.st, dv + itm.b * lv.sb + itm.h * lv.sh, lv.st,
                                dk_acc, dv_acc, key, S, t, scale);
         e0 += ntiles;
-        if constexpr (Dq == kDqSplit) pair_sync();  // no dS^T of this item is read once the next one's are written
+        if constexpr (split_dq(Dq)) pair_sync();  // no dS^T of this item is read once the next one's are written
     }
     if constexpr (Dq == kDqBulk || Dq == kDqSplit) tma::wait_done<0>();  // the last reductions, before the block's shared memory goes
 #else
@@ -394,7 +398,7 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
     // delta [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
     const int bytes = (int)Panels<D>::tile_bytes(2 * kv_buffers(D, Dq) * BKB + 2 * kStages * BRB) +
                       ds_buffers(Dq) * NWG * 64 * 128 +
-                      (Dq != kDqAtomic ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
+                      (staged_dq(Dq) ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
                       2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
     auto kernel = bwd_ws_kernel<D, NWG, Dq>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
@@ -413,7 +417,8 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 // kernel: 1 three consumers, 2 two (a block an item); + 8 dQ by bulk reductions (head dim 64), + 32
 // dQ summed in shared memory first (over + 8; at head dim 128 always a block an item, as K and V
 // have one buffer there); + 64 dQ split by columns between the consumers (head dim 128 and two
-// consumers only, a block an item); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static
+// consumers only; added by atomics, or with + 8 by bulk reductions of rows, then a block an item as
+// K and V have one buffer); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static
 // stride, is gone: 0.42-0.54 ms against 0.32-0.38 at gpt2_124m's shape.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
@@ -422,8 +427,9 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
     const int variant = kernel & 3;
     if (kernel & 4) return false;
     const bool dynamic = kernel & 16;
-    const int dq = kernel & 64 ? kDqSplit : kernel & 32 ? kDqSummed : kernel & 8 ? kDqBulk : kDqAtomic;
-    if (dq == kDqSplit && (D != 128 || variant != 2)) return false;
+    const int dq = kernel & 64 ? (kernel & 8 ? kDqSplit : kDqSplitAtomic)
+                   : kernel & 32 ? kDqSummed : kernel & 8 ? kDqBulk : kDqAtomic;
+    if (split_dq(dq) && (D != 128 || variant != 2)) return false;
 #define ARGS dynamic, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
     if (D == 64 && variant == 1)
         return dq == kDqSummed ? backward<64, 3, kDqSummed>(ARGS)
@@ -432,8 +438,9 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
         return dq == kDqSummed ? backward<64, 2, kDqSummed>(ARGS)
                : dq == kDqBulk ? backward<64, 2, kDqBulk>(ARGS) : backward<64, 2, kDqAtomic>(ARGS);
     if (D == 128 && variant != 0)  // (two consumers: three would spill at 128)
-        return dq == kDqSplit    ? backward<128, 2, kDqSplit>(ARGS)
-               : dq == kDqSummed ? backward<128, 2, kDqSummed>(ARGS) : backward<128, 2, kDqAtomic>(ARGS);
+        return dq == kDqSplit         ? backward<128, 2, kDqSplit>(ARGS)
+               : dq == kDqSplitAtomic ? backward<128, 2, kDqSplitAtomic>(ARGS)
+               : dq == kDqSummed      ? backward<128, 2, kDqSummed>(ARGS) : backward<128, 2, kDqAtomic>(ARGS);
 #undef ARGS
     return false;
 }
