@@ -18,7 +18,10 @@
 //   its own, and the producer's warps 2 and 3 add the consumers' partials of each query tile in
 //   shared memory and hand the sum to the L2 as one bulk reduction of the tile (16 KB, 32 at head
 //   dim 128): one reduction a query tile instead of one a consumer (Nsight Compute put a third of
-//   the backward's time in dQ's path).
+//   the backward's time in dQ's path);
+// - or (dQ split, head dim 128) the two consumers meet once their dS^T of the tile are stored, and each
+//   computes its own 64 of dQ's columns over both consumers' 128 keys, so that no partial of dQ crosses
+//   consumers (FlashAttention-3's split of dQ between its warpgroups).
 //
 // Under a causal mask a later consumer's keys see fewer query tiles (its first tiles are masked out
 // entirely): it waits for those tiles and releases them without computing.
