@@ -306,71 +306,51 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                           t, smem_raw + (sdS(ds_buf, c) - smem_addr(smem_raw)), pa, dsa);
             issue_key_grads<P, W, D>(dv_acc, dk_acc, pa, dsa, desc_do, desc_q);
             wgmma::fence_smem();  // dS^T's stores, before the wgmma reads them
+            // dQ (64 queries x D) = dS (queries x keys, read M-major out of dS^T) K (keys x D, N-major),
+            // a panel of W columns at a time; `finish` waits for a panel and hands it to dq_acc
+            auto finish = [&](float (&dq)[W / 8][4], bool first, bool last, int p) {
+                wgmma::wait<0>();
+                wgmma::hold(dq);
+                wgmma::hold(dv_acc);
+                wgmma::hold(dk_acc);
+                if (first) {
+                    wgmma::hold(pa);
+                    wgmma::hold(dsa);
+                    release(empty(s));  // every product that reads this stage's Q and dO is done
+                }
+                if (last && j + 1 == ntiles) release(kv_empty(buf));  // and, at the end, with K and V
+                if constexpr (Dq == kDqSummed) {
+                    tma::wait(dq_empty(c), (staged & 1) ^ 1);  // the summing warps have read the last one
+                    put_dq_rows(dq, rows, lane);
+                    release(dq_full(c));
+                    ++staged;
+                } else if constexpr (Dq == kDqBulk || Dq == kDqSplit)
+                    reduce_dq(dq_bh + p * W, D, dq, i0 + warp * 16, Tq, rows, sDq, lane);
+                else
+                    add_dq(dq_bh, D, dq, i0 + warp * 16, p * W, Tq, g, t);
+            };
             if constexpr (split_dq(Dq)) {
                 // both consumers see this tile: consumer c's 64 columns of dQ over the 128 keys of both
-                // (dS^T of each, K's rows of each in panel c); else consumer 0 alone, both panels over its keys
-                const bool pair = j >= skip_last;
-                auto finish = [&](float (&dq)[W / 8][4], bool first, bool last, int p) {
-                    wgmma::wait<0>();
-                    wgmma::hold(dq);
-                    wgmma::hold(dv_acc);
-                    wgmma::hold(dk_acc);
-                    if (first) {
-                        wgmma::hold(pa);
-                        wgmma::hold(dsa);
-                        release(empty(s));  // every product that reads this stage's Q and dO is done
-                    }
-                    if (last && j + 1 == ntiles) release(kv_empty(buf));  // and, at the end, with K and V
-                    if constexpr (Dq == kDqSplit) reduce_dq(dq_bh + p * W, D, dq, i0 + warp * 16, Tq, rows, sDq, lane);
-                    else add_dq(dq_bh, D, dq, i0 + warp * 16, p * W, Tq, g, t);
-                };
-                if (pair) {
+                // (dS^T of each, K's rows of each in panel c); else consumer 0 alone, both panels over
+                // its keys, below
+                if (j >= skip_last) {
                     pair_sync();
                     const uint32_t kp = sK + buf % kKv * kKeys + c * (BKB * 128);  // K's panel c
                     float dq[W / 8][4];
                     issue_dq_panel<W, NWG>(dq, {wgmma::desc(sdS(ds_buf, 0)), wgmma::desc(sdS(ds_buf, 1))},
                                            {wgmma::desc(kp), wgmma::desc(kp + kPanel)});
                     finish(dq, true, true, c);
-                } else {
-                    wg_sync();
-#pragma unroll
-                    for (int p = 0; p < P; ++p) {
-                        float dq[W / 8][4];
-                        issue_dq_panel<W>(dq, wgmma::desc(sdS(ds_buf, c)), desc_k[p]);
-                        finish(dq, p == 0, p == P - 1, p);
-                    }
+                    continue;  // the next tile's dS^T goes to the other buffer: the next barrier orders it
                 }
-                continue;  // the next tile's dS^T goes to the other buffer: the next pair_sync / wg_sync orders it
             }
             wg_sync();
-            const uint64_t desc_ds = wgmma::desc(sdS(0, c));
-            // dQ (64 queries x D) = dS (queries x keys, read M-major out of dS^T) K (keys x D, N-major),
-            // a panel of W columns at a time
 #pragma unroll
             for (int p = 0; p < P; ++p) {
                 float dq[W / 8][4];
-                issue_dq_panel<W>(dq, desc_ds, desc_k[p]);
-                wgmma::wait<0>();
-                wgmma::hold(dq);
-                wgmma::hold(dv_acc);
-                wgmma::hold(dk_acc);
-                if (p == 0) {
-                    wgmma::hold(pa);
-                    wgmma::hold(dsa);
-                    release(empty(s));  // every product that reads this stage's Q and dO is done
-                }
-                if (p == P - 1 && j + 1 == ntiles) release(kv_empty(buf));  // and, at the end, with K and V
-                if constexpr (Dq == kDqSummed) {
-                    tma::wait(dq_empty(c), (staged & 1) ^ 1);  // the summing warps have read the last one
-                    put_dq_rows(dq, rows, lane);
-                    release(dq_full(c));
-                    ++staged;
-                } else if constexpr (Dq == kDqBulk)
-                    reduce_dq(dq_bh, 64, dq, i0 + warp * 16, Tq, rows, sDq, lane);
-                else
-                    add_dq(dq_bh, D, dq, i0 + warp * 16, p * W, Tq, g, t);
+                issue_dq_panel<W>(dq, wgmma::desc(sdS(ds_buf, c)), desc_k[p]);
+                finish(dq, p == 0, p == P - 1, p);
             }
-            wg_sync();  // dS^T is rewritten next
+            if constexpr (!split_dq(Dq)) wg_sync();  // dS^T is rewritten next (split: it has two buffers)
         }
         if (kc0 < S)
             store_key_grads<D>(dk + itm.b * lk.sb + itm.h * lk.sh, lk.st, dv + itm.b * lv.sb + itm.h * lv.sh, lv.st,
