@@ -53,7 +53,7 @@ constexpr int kStages = 2, BRB = 64;  // query tiles of 64 rows
 // (kDqSplit) or by atomics (kDqSplitAtomic: no staging, so that K and V keep two buffers). kDqSummed2
 // is kDqSummed with two staging slots a consumer (head dim 64), so that a consumer ahead of the others
 // stages its next partial while the summing warps still wait for theirs of the last tile; the room comes
-// from K and V (one buffer) and from rows of 256 bytes, swizzled (put_dq_rows).
+// from K and V (one buffer, a block an item) and from rows of 256 bytes, swizzled (put_dq_rows).
 enum DqPath { kDqAtomic, kDqBulk, kDqSummed, kDqSplit, kDqSplitAtomic, kDqSummed2 };
 constexpr bool split_dq(int Dq) { return Dq == kDqSplit || Dq == kDqSplitAtomic; }
 constexpr bool summed_dq(int Dq) { return Dq == kDqSummed || Dq == kDqSummed2; }
@@ -64,8 +64,8 @@ constexpr uint32_t dq_row_bytes(int Dq) { return Dq == kDqSummed2 ? 256 : kDqStr
 // the summed tile, rows of D floats back to back
 constexpr uint32_t dq_sum_bytes(int D) { return BRB * D * 4; }
 // K and V's buffers: two (the next item's load while this one runs), or one where dQ's staging at
-// head dim 128 (summed, or split with bulk reductions) or two staging slots need the room; with one,
-// a walk loads an item's K and V once the last item has released them (no load ahead)
+// head dim 128 (summed, or split with bulk reductions) or two staging slots need the room; a launch with
+// one is a block an item (the walk never reuses the buffer)
 constexpr int kv_buffers(int D, int Dq) {
     return (D == 128 && (Dq == kDqSummed || Dq == kDqSplit)) || Dq == kDqSummed2 ? 1 : 2;
 }
@@ -168,8 +168,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             int e = 0;  // Q/dO entries loaded so far
             for (int index = blockIdx.x, n = 0;; ++n) {
                 const int buf = n & 1;
-                tma::wait(kv_empty(buf), ((n >> 1) & 1) ^ 1);  // the barriers' previous item released
-                if (kKv == 1 && n > 0) tma::wait(kv_empty(buf ^ 1), ((n - 1) >> 1) & 1);  // one buffer: the last item
+                tma::wait(kv_empty(buf), ((n >> 1) & 1) ^ 1);  // the buffer's previous item released
                 item_of[buf] = index;
                 if (index >= work) {  // the end of the walk, for the consumers and the lse / delta warp
                     tma::arrive(kv_full(buf));
@@ -403,6 +402,7 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
     // a block an item, or (dynamic) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(S, BKB) * B * H;
+    if (kv_buffers(D, Dq) == 1) dynamic = false;  // a walk would reuse the one K/V buffer
     const unsigned grid = (unsigned)(dynamic ? std::min<int64_t>(items, sm_count(device)) : items);
     kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, mdo, (int)rq | (int)rk << 1 | (int)rv << 2 | (int)rdo << 3,
                                                  (bf16*)dk, (bf16*)dv, dq_acc, lse, delta, lk, lv, B, H, T, S, causal,
@@ -413,11 +413,11 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 }  // namespace
 
 // kernel: 1 three consumers, 2 two (a block an item); + 8 dQ by bulk reductions (head dim 64), + 32
-// dQ summed in shared memory first (over + 8; at head dim 128 K and V have one buffer), with + 128 too
-// in two staging slots a consumer (head dim 64; K and V have one buffer); + 64 dQ split by columns
-// between the consumers (head dim 128 and two consumers only; added by atomics, or with + 8 by bulk
-// reductions of rows, where K and V have one buffer); + 16 persistent with a dynamic walk (with one K/V
-// buffer, an item's K and V load once the last item is done). (+ 4, a persistent grid on a static
+// dQ summed in shared memory first (over + 8; at head dim 128 always a block an item, as K and V
+// have one buffer there), with + 128 too in two staging slots a consumer (head dim 64, a block an item:
+// K and V have one buffer); + 64 dQ split by columns between the consumers (head dim 128 and two
+// consumers only; added by atomics, or with + 8 by bulk reductions of rows, then a block an item as
+// K and V have one buffer); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static
 // stride, is gone: 0.42-0.54 ms against 0.32-0.38 at gpt2_124m's shape.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
