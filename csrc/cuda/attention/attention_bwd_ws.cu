@@ -50,25 +50,16 @@ constexpr int kStages = 2, BRB = 64;  // query tiles of 64 rows
 // one bulk reduction a query tile (head dims 64 and 128); or split (head dim 128, two consumers): no
 // partials across consumers, each computing its own 64 of dQ's columns over both consumers' keys (the
 // other's dS read from shared memory) and adding those into dq_acc by bulk reductions of its rows
-// (kDqSplit) or by atomics (kDqSplitAtomic: no staging, so that K and V keep two buffers). kDqSummed2
-// is kDqSummed with two staging slots a consumer (head dim 64), so that a consumer ahead of the others
-// stages its next partial while the summing warps still wait for theirs of the last tile; the room comes
-// from K and V (one buffer, a block an item) and from rows of 256 bytes, swizzled (put_dq_rows).
-enum DqPath { kDqAtomic, kDqBulk, kDqSummed, kDqSplit, kDqSplitAtomic, kDqSummed2 };
+// (kDqSplit) or by atomics (kDqSplitAtomic: no staging, so that K and V keep two buffers)
+enum DqPath { kDqAtomic, kDqBulk, kDqSummed, kDqSplit, kDqSplitAtomic };
 constexpr bool split_dq(int Dq) { return Dq == kDqSplit || Dq == kDqSplitAtomic; }
-constexpr bool summed_dq(int Dq) { return Dq == kDqSummed || Dq == kDqSummed2; }
-constexpr bool staged_dq(int Dq) { return Dq == kDqBulk || summed_dq(Dq) || Dq == kDqSplit; }
-// a consumer's staging slots, and the bytes from one staged row to the next
-constexpr int dq_slots(int Dq) { return Dq == kDqSummed2 ? 2 : 1; }
-constexpr uint32_t dq_row_bytes(int Dq) { return Dq == kDqSummed2 ? 256 : kDqStride; }
+constexpr bool staged_dq(int Dq) { return Dq == kDqBulk || Dq == kDqSummed || Dq == kDqSplit; }
 // the summed tile, rows of D floats back to back
 constexpr uint32_t dq_sum_bytes(int D) { return BRB * D * 4; }
 // K and V's buffers: two (the next item's load while this one runs), or one where dQ's staging at
-// head dim 128 (summed, or split with bulk reductions) or two staging slots need the room; a launch with
-// one is a block an item (the walk never reuses the buffer)
-constexpr int kv_buffers(int D, int Dq) {
-    return (D == 128 && (Dq == kDqSummed || Dq == kDqSplit)) || Dq == kDqSummed2 ? 1 : 2;
-}
+// head dim 128 (summed, or split with bulk reductions) needs the room; a launch with one is a block
+// an item (the walk never reuses the buffer)
+constexpr int kv_buffers(int D, int Dq) { return D == 128 && (Dq == kDqSummed || Dq == kDqSplit) ? 1 : 2; }
 // dS^T's buffers a consumer: two where dQ is split (the other consumer may still read one tile's
 // while this one writes the next's), else one
 constexpr int ds_buffers(int Dq) { return split_dq(Dq) ? 2 : 1; }
@@ -94,20 +85,18 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     constexpr int P = PD::P, W = PD::W;
     static_assert(Dq != kDqBulk || D == 64, "dQ by rows of 64 floats");
     static_assert(Dq != kDqSummed || D >= 64, "dQ summed a panel of 64 columns at a time");
-    static_assert(Dq != kDqSummed2 || D == 64, "two staging slots fit beside one K/V buffer at head dim 64");
     static_assert(!split_dq(Dq) || (D == 128 && NWG == 2), "dQ split into a panel of columns a consumer");
-    constexpr int kSlots = dq_slots(Dq);
-    constexpr uint32_t kRow = dq_row_bytes(Dq), kDqRows = staged_dq(Dq) ? 64 * kRow : 0;  // a staged dQ panel
-    constexpr uint32_t kSum = summed_dq(Dq) ? dq_sum_bytes(D) : 0;
+    constexpr uint32_t kDqRows = staged_dq(Dq) ? 64 * kDqStride : 0;  // a consumer's staged dQ panel
+    constexpr uint32_t kSum = Dq == kDqSummed ? dq_sum_bytes(D) : 0;
     constexpr int kKv = kv_buffers(D, Dq), kDs = ds_buffers(Dq);
-    constexpr int kSummers = summed_dq(Dq) ? 2 : 0;  // the producer's warps 2 and 3 sum dQ
+    constexpr int kSummers = Dq == kDqSummed ? 2 : 0;  // the producer's warps 2 and 3 sum dQ
     constexpr uint32_t kKeys = PD::tile_bytes(BKB), kTile = PD::tile_bytes(BRB), kPanel = 64 * 128;
     extern __shared__ unsigned char smem_raw[];
     // K, V [kKv](BKB, D); Q, dO [kStages](64, D); dS^T (64, 64) [kDs] a consumer; (bulk paths) dQ's
-    // rows [kSlots] a consumer; (summed) their sum; lse, delta [kStages][64]; the mbarriers
+    // rows a consumer; (summed) their sum; lse, delta [kStages][64]; the mbarriers
     const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + kKv * kKeys;
     const uint32_t sQ = sV + kKv * kKeys, sdO = sQ + kStages * kTile, sdS0 = sdO + kStages * kTile;
-    const uint32_t sDq0 = sdS0 + kDs * NWG * kPanel, sDqSum = sDq0 + NWG * kSlots * kDqRows;
+    const uint32_t sDq0 = sdS0 + kDs * NWG * kPanel, sDqSum = sDq0 + NWG * kDqRows;
     float* sLse = reinterpret_cast<float*>(smem_raw + (sDqSum + kSum - smem_addr(smem_raw)));
     float* sDelta = sLse + kStages * BRB;
     const uint32_t bars = smem_addr(sDelta + kStages * BRB);
@@ -117,10 +106,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     auto empty = [&](int s) { return bars + 40 + 16 * s; };
     // the item of each K/V buffer, written by the producer before the buffer's "full" arrival
     volatile int* item_of = reinterpret_cast<int*>(smem_raw + (bars + 32 + 16 * kStages - smem_addr(smem_raw)));
-    // (summed) consumer c's staged partial in slot `slot`: written (4 warps arrive), and read by the
-    // summing warps (2)
-    auto dq_full = [&](int c, int slot) { return bars + 40 + 16 * kStages + 16 * (c * kSlots + slot); };
-    auto dq_empty = [&](int c, int slot) { return bars + 48 + 16 * kStages + 16 * (c * kSlots + slot); };
+    // (summed) consumer c's staged partial: written (4 warps arrive), and read by the summing warps (2)
+    auto dq_full = [&](int c) { return bars + 40 + 16 * kStages + 16 * c; };
+    auto dq_empty = [&](int c) { return bars + 48 + 16 * kStages + 16 * c; };
     auto stage = [](int e) { return e % kStages; };
     auto phase = [](int e) { return (uint32_t)((e / kStages) & 1); };
     const int ktiles = (S + BKB - 1) / BKB, work = ktiles * B * H, off = S - Tq;
@@ -149,12 +137,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             tma::init(full(s), 1 + 32);  // the TMA thread's arrival, and the lse / delta warp's lanes
             tma::init(empty(s), NWG * kArrivalsPerConsumer);
         }
-        if constexpr (summed_dq(Dq))
-            for (int c = 0; c < NWG; ++c)
-                for (int slot = 0; slot < kSlots; ++slot) {
-                    tma::init(dq_full(c, slot), kArrivalsPerConsumer);
-                    tma::init(dq_empty(c, slot), kSummers);
-                }
+        if constexpr (Dq == kDqSummed)
+            for (int c = 0; c < NWG; ++c) {
+                tma::init(dq_full(c), kArrivalsPerConsumer);
+                tma::init(dq_empty(c), kSummers);
+            }
         tma::fence_init();
     }
     __syncthreads();
@@ -207,7 +194,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     tma::arrive(full(s));
                 }
             }
-        } else if (summed_dq(Dq) && threadIdx.x >> 6 == 1) {
+        } else if (Dq == kDqSummed && threadIdx.x >> 6 == 1) {
             // warps 2 and 3: the consumers' partials of each entry summed into sDqSum, which thread 64
             // hands to the L2 as one bulk reduction (consumer 0 has a partial of every entry: its keys
             // are the item's first)
@@ -229,26 +216,26 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     for (int p = 0; p < P; ++p) {  // the consumers stage a panel of 64 columns at a time
 #pragma unroll
                         for (int c = 0; c < NWG; ++c)
-                            if (j >= skip[c]) tma::wait(dq_full(c, taken[c] % kSlots), taken[c] / kSlots & 1);
+                            if (j >= skip[c]) tma::wait(dq_full(c), taken[c] & 1);
                         if (p == 0) {
                             if (r == 0) tma::wait_read<0>();  // the previous tile's reduction has read sDqSum
                             sync();
                         }
 #pragma unroll 1
                         for (int f = r; f < BRB * 16; f += 64) {  // float4 f: row f / 16, columns 4 (f % 16) ..
-                            const uint32_t at = dq_row_at<kRow>(f >> 4, (f & 15) * 16);
-                            float4 sum = ld_shared_f4(sDq0 + taken[0] % kSlots * kDqRows + at);
+                            const uint32_t at = (f >> 4) * kDqStride + (f & 15) * 16;
+                            float4 sum = ld_shared_f4(sDq0 + at);
 #pragma unroll
                             for (int c = 1; c < NWG; ++c)
                                 if (j >= skip[c]) {
-                                    const float4 v = ld_shared_f4(sDq0 + (c * kSlots + taken[c] % kSlots) * kDqRows + at);
+                                    const float4 v = ld_shared_f4(sDq0 + c * kDqRows + at);
                                     sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
                                 }
                             st_shared_f4(sDqSum + (f >> 4) * (D * 4) + p * 256 + (f & 15) * 16, sum);
                         }
 #pragma unroll
                         for (int c = 0; c < NWG; ++c)
-                            if (j >= skip[c]) release(dq_empty(c, taken[c] % kSlots)), ++taken[c];
+                            if (j >= skip[c]) release(dq_empty(c)), ++taken[c];
                     }
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the sum, before the bulk read
                     sync();
@@ -267,7 +254,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     tma::claim_registers<RegisterSplit<NWG>::consumer>();
     const int c = wg - 1;  // consumer c owns keys k0 + 64 c .. k0 + 64 c + 63 of each item
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t sDq = sDq0 + c * kSlots * kDqRows + warp * 16 * kRow;  // this warp's dQ rows (slot 0)
+    const uint32_t sDq = sDq0 + c * kDqRows + warp * 16 * kDqStride;  // this warp's dQ rows
     unsigned char* const rows = smem_raw + (sDq - smem_addr(smem_raw));
     auto sdS = [&](int b, int cc) { return sdS0 + (b * NWG + cc) * kPanel; };  // consumer cc's dS^T in buffer b
     auto wg_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); };
@@ -332,11 +319,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     release(empty(s));  // every product that reads this stage's Q and dO is done
                 }
                 if (last && j + 1 == ntiles) release(kv_empty(buf));  // and, at the end, with K and V
-                if constexpr (summed_dq(Dq)) {
-                    const int slot = staged % kSlots;  // the summing warps have read the slot's last partial
-                    tma::wait(dq_empty(c, slot), (staged / kSlots & 1) ^ 1);
-                    put_dq_rows<kRow>(dq, rows + slot * kDqRows, lane);
-                    release(dq_full(c, slot));
+                if constexpr (Dq == kDqSummed) {
+                    tma::wait(dq_empty(c), (staged & 1) ^ 1);  // the summing warps have read the last one
+                    put_dq_rows(dq, rows, lane);
+                    release(dq_full(c));
                     ++staged;
                 } else if constexpr (Dq == kDqBulk || Dq == kDqSplit)
                     reduce_dq(dq_bh + p * W, D, dq, i0 + warp * 16, Tq, rows, sDq, lane);
@@ -391,12 +377,11 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
     if (!make_map(&mq, &rq, q, lq, B, H, T, D, BRB) || !make_map(&mk, &rk, k, lk, B, H, S, D, BKB) ||
         !make_map(&mv, &rv, v, lv, B, H, S, D, BKB) || !make_map(&mdo, &rdo, dout, lo, B, H, T, D, BRB))
         return false;
-    // K, V [kv_buffers](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows [slots] a consumer, and their sum; lse,
+    // K, V [kv_buffers](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer, and their sum; lse,
     // delta [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
     const int bytes = (int)Panels<D>::tile_bytes(2 * kv_buffers(D, Dq) * BKB + 2 * kStages * BRB) +
                       ds_buffers(Dq) * NWG * 64 * 128 +
-                      (staged_dq(Dq) ? NWG * dq_slots(Dq) * 64 * dq_row_bytes(Dq) : 0) +
-                      (summed_dq(Dq) ? dq_sum_bytes(D) + 16 * NWG * dq_slots(Dq) : 0) +
+                      (staged_dq(Dq) ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
                       2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
     auto kernel = bwd_ws_kernel<D, NWG, Dq>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
@@ -414,8 +399,7 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 
 // kernel: 1 three consumers, 2 two (a block an item); + 8 dQ by bulk reductions (head dim 64), + 32
 // dQ summed in shared memory first (over + 8; at head dim 128 always a block an item, as K and V
-// have one buffer there), with + 128 too in two staging slots a consumer (head dim 64, a block an item:
-// K and V have one buffer); + 64 dQ split by columns between the consumers (head dim 128 and two
+// have one buffer there); + 64 dQ split by columns between the consumers (head dim 128 and two
 // consumers only; added by atomics, or with + 8 by bulk reductions of rows, then a block an item as
 // K and V have one buffer); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static
 // stride, is gone: 0.42-0.54 ms against 0.32-0.38 at gpt2_124m's shape.)
@@ -427,17 +411,14 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
     if (kernel & 4) return false;
     const bool dynamic = kernel & 16;
     const int dq = kernel & 64 ? (kernel & 8 ? kDqSplit : kDqSplitAtomic)
-                   : kernel & 32 ? (kernel & 128 ? kDqSummed2 : kDqSummed) : kernel & 8 ? kDqBulk : kDqAtomic;
-    if ((split_dq(dq) && (D != 128 || variant != 2)) || (dq == kDqSummed2 && D != 64)) return false;
-    if ((kernel & 128) && !(kernel & 32)) return false;
+                   : kernel & 32 ? kDqSummed : kernel & 8 ? kDqBulk : kDqAtomic;
+    if (split_dq(dq) && (D != 128 || variant != 2)) return false;
 #define ARGS dynamic, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
     if (D == 64 && variant == 1)
-        return dq == kDqSummed2  ? backward<64, 3, kDqSummed2>(ARGS)
-               : dq == kDqSummed ? backward<64, 3, kDqSummed>(ARGS)
+        return dq == kDqSummed ? backward<64, 3, kDqSummed>(ARGS)
                : dq == kDqBulk ? backward<64, 3, kDqBulk>(ARGS) : backward<64, 3, kDqAtomic>(ARGS);
     if (D == 64 && variant == 2)
-        return dq == kDqSummed2  ? backward<64, 2, kDqSummed2>(ARGS)
-               : dq == kDqSummed ? backward<64, 2, kDqSummed>(ARGS)
+        return dq == kDqSummed ? backward<64, 2, kDqSummed>(ARGS)
                : dq == kDqBulk ? backward<64, 2, kDqBulk>(ARGS) : backward<64, 2, kDqAtomic>(ARGS);
     if (D == 128 && variant != 0)  // (two consumers: three would spill at 128)
         return dq == kDqSplit         ? backward<128, 2, kDqSplit>(ARGS)

@@ -60,26 +60,13 @@ __device__ __forceinline__ void release(uint32_t empty_bar) {
 // apart).
 constexpr int kDqStride = 72 * 4;
 
-// Byte `byte` of staged row `row`: rows Stride bytes apart, either padded (kDqStride) or, at 256
-// (where shared memory is short), back to back with each row's 16-byte chunks permuted (chunk ^ 2
-// (row % 4)), which spreads a half-warp's four rows over the 8 chunks of a bank line just as the padding
-// does. The permutation keeps each 16-byte chunk whole (a float4 read of the summing warps) and, as
-// rows are only ever 4-aligned apart between warps, a warp's rows may start at any multiple of 4.
-template <uint32_t Stride>
-__device__ __forceinline__ uint32_t dq_row_at(int row, int byte) {
-    static_assert(Stride == kDqStride || Stride == 256, "padded rows, or swizzled rows of 256 bytes");
-    return Stride == 256 ? row * 256 + (byte ^ ((row & 3) << 5)) : row * kDqStride + byte;
-}
-
 // a warp's 16 x 64 accumulator of dQ (the wgmma m64n64 fragment's rows g, g + 8) -> its rows at `rows`
-template <uint32_t Stride = kDqStride>
 __device__ __forceinline__ void put_dq_rows(const float (&dq)[8][4], unsigned char* rows, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        *reinterpret_cast<float2*>(rows + dq_row_at<Stride>(g, (8 * j + 2 * t) * 4)) = make_float2(dq[j][0], dq[j][1]);
-        *reinterpret_cast<float2*>(rows + dq_row_at<Stride>(g + 8, (8 * j + 2 * t) * 4)) =
-            make_float2(dq[j][2], dq[j][3]);
+        *reinterpret_cast<float2*>(rows + g * kDqStride + (8 * j + 2 * t) * 4) = make_float2(dq[j][0], dq[j][1]);
+        *reinterpret_cast<float2*>(rows + (g + 8) * kDqStride + (8 * j + 2 * t) * 4) = make_float2(dq[j][2], dq[j][3]);
     }
 }
 

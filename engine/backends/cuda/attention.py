@@ -282,13 +282,11 @@ def attention_wgmma_forward_kernel(kernel: int) -> int:
 # over the consumers in shared memory first (summed-dq: one bulk reduction a query tile), or split
 # by columns between the two consumers (split-dq, head dim 128 only: each consumer's 64 columns over
 # both consumers' keys, added by atomics or by bulk reductions of rows), a block a work item or at
-# most a block an SM walking them (dynamic: each block taking the next unclaimed item); summed-dq
-# 2-slot: summed, each consumer staging into two slots in turn (head dim 64, a block an item)
+# most a block an SM walking them (dynamic: each block taking the next unclaimed item)
 BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64": 2, "ws 3x64 bulk-dq": 9,
                     "ws 2x64 bulk-dq": 10, "ws 2x64 dynamic": 18, "ws 3x64 bulk-dq dynamic": 25,
                     "ws 3x64 summed-dq": 41, "ws 2x64 summed-dq": 42, "ws 3x64 summed-dq dynamic": 57,
-                    "ws 2x64 split-dq": 66, "ws 2x64 split-dq bulk": 74, "ws 2x64 split-dq dynamic": 82,
-                    "ws 3x64 summed-dq 2-slot": 161, "ws 2x64 summed-dq 2-slot": 162}
+                    "ws 2x64 split-dq": 66, "ws 2x64 split-dq bulk": 74, "ws 2x64 split-dq dynamic": 82}
 
 
 def attention_wgmma_backward_kernel(kernel: int) -> int:
