@@ -300,15 +300,16 @@ int g_forward_kernel = -1, g_backward_kernel = -1;  // attention_wgmma_{forward,
 //   shared memory, one bulk reduction a query tile, from S 256 (0.302 against 0.310 for each
 //   consumer's own bulk reductions a block an item, 0.311 walking dynamically, 0.368 with atomics,
 //   0.377 for cp.async; B 64 H 6 T 256: 0.094 against 0.097); at head dim 128 ws 2 x 64 with dQ
-//   summed, a block an item (B 16 H 6: 0.331 against 0.359 with atomics, 0.382 walking dynamically;
-//   T 2048: 0.537 against 0.595).
+//   split by columns between the consumers and added by bulk reductions of rows, a block an item
+//   (on an H100, B 16 H 6: 0.306 against 0.311 split with atomics, 0.321 split walking dynamically,
+//   0.350 summed; B 8 H 6 T 2048: 0.470 against 0.480, 0.508 and 0.549).
 int forward_kernel_for(int D, int T) {
     if (g_forward_kernel >= 0) return g_forward_kernel;
     return D == 128 ? 13 : D == 64 ? (T >= 512 ? 10 : 12) : 0;
 }
 int backward_kernel_for(int D, int S) {
     if (g_backward_kernel >= 0) return g_backward_kernel;
-    return D == 128 ? 42 : D == 64 ? (S >= 256 ? 57 : 0) : 0;
+    return D == 128 ? 74 : D == 64 ? (S >= 256 ? 57 : 0) : 0;
 }
 
 bool usable(int device, int D) {
