@@ -79,7 +79,8 @@ def _backward_kernel(kernel: int):
 # whose consumers see different numbers of tiles, 1024 tokens
 WS_SHAPES = [(2, 3, 128, 128, True), (1, 2, 37, 130, True), (1, 1, 1, 9, True), (1, 3, 330, 400, True),
              (1, 2, 200, 333, False), (1, 2, 130, 70, True), (1, 2, 448, 448, True), (2, 2, 1024, 1024, True),
-             (1, 2, 600, 700, True), (1, 2, 700, 650, False)]  # the last two: query tiles that end at T
+             (1, 2, 600, 700, True), (1, 2, 700, 650, False),  # these two: query tiles that end at T
+             (1, 2, 192, 256, True)]  # query tiles of 128 that a block's second 64 keys skip, then see
 
 
 @pytest.mark.parametrize("choose", [gpu.attention_wgmma_forward_kernel, gpu.attention_wgmma_backward_kernel],

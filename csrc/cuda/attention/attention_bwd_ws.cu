@@ -3,8 +3,8 @@
 //
 // A block is one producer warpgroup and NWG consumer warpgroups of 64 keys each (the block owns
 // BKB = 64 NWG keys):
-// - the producer's first thread loads the block's K and V once, then walks the query tiles of 64
-//   that see its keys, loading each tile's Q and dO by TMA into a ring of two stages (a "full" and
+// - the producer's first thread loads the block's K and V once, then walks the query tiles of BRB
+//   (64, or 128 at head dim 64 with dQ split by rows) that see its keys, loading each tile's Q and dO by TMA into a ring of two stages (a "full" and
 //   an "empty" mbarrier each), so that the consumers share every Q and dO tile instead of each
 //   loading its own;
 //   and its second warp stages the tile's lse (log2 domain) and delta beside them, each lane arriving
@@ -19,9 +19,11 @@
 //   shared memory and hand the sum to the L2 as one bulk reduction of the tile (16 KB, 32 at head
 //   dim 128): one reduction a query tile instead of one a consumer (Nsight Compute put a third of
 //   the backward's time in dQ's path);
-// - or (dQ split, head dim 128) the two consumers meet once their dS^T of the tile are stored, and each
-//   computes its own 64 of dQ's columns over both consumers' 128 keys, so that no partial of dQ crosses
-//   consumers (FlashAttention-3's split of dQ between its warpgroups).
+// - or (dQ split) the two consumers meet once their dS^T of the tile are stored, and each computes its
+//   own 64 x 64 of the tile's dQ over both consumers' 128 keys, so that no partial of dQ crosses
+//   consumers (FlashAttention-3's split of dQ between its warpgroups): at head dim 128 each its 64
+//   columns of the tile's 64 queries; at head dim 64, with query tiles of 128 (S^T and dP^T of 64
+//   keys x 128 queries a consumer, as FlashAttention-3's hdim-64 kernel), each its 64 queries.
 //
 // Under a causal mask a later consumer's keys see fewer query tiles (its first tiles are masked out
 // entirely): it waits for those tiles and releases them without computing.
@@ -43,36 +45,46 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 using namespace attn;
-constexpr int kStages = 2, BRB = 64;  // query tiles of 64 rows
+constexpr int kStages = 2;
 
 // How dQ's partial sums reach dq_acc: an atomic a pair of elements; each consumer's bulk reductions
 // of its rows (attn::reduce_dq; head dim 64); the consumers' partials summed in shared memory first,
-// one bulk reduction a query tile (head dims 64 and 128); or split (head dim 128, two consumers): no
-// partials across consumers, each computing its own 64 of dQ's columns over both consumers' keys (the
-// other's dS read from shared memory) and adding those into dq_acc by bulk reductions of its rows
-// (kDqSplit) or by atomics (kDqSplitAtomic: no staging, so that K and V keep two buffers)
+// one bulk reduction a query tile (head dims 64 and 128); or split (two consumers: head dim 128 by
+// columns, head dim 64 with query tiles of 128 by query rows): no partials across consumers, each
+// computing its own 64 x 64 of the tile's dQ over both consumers' keys (the other's dS read from
+// shared memory) and adding those into dq_acc by bulk reductions of its rows (kDqSplit) or by atomics
+// (kDqSplitAtomic: no staging, so that K and V keep two buffers)
 enum DqPath { kDqAtomic, kDqBulk, kDqSummed, kDqSplit, kDqSplitAtomic };
 constexpr bool split_dq(int Dq) { return Dq == kDqSplit || Dq == kDqSplitAtomic; }
 constexpr bool staged_dq(int Dq) { return Dq == kDqBulk || Dq == kDqSummed || Dq == kDqSplit; }
-// the summed tile, rows of D floats back to back
-constexpr uint32_t dq_sum_bytes(int D) { return BRB * D * 4; }
+// the summed tile (64 queries), rows of D floats back to back
+constexpr uint32_t dq_sum_bytes(int D) { return 64 * D * 4; }
 // K and V's buffers: two (the next item's load while this one runs), or one where dQ's staging at
-// head dim 128 (summed, or split with bulk reductions) needs the room; a launch with one is a block
-// an item (the walk never reuses the buffer)
-constexpr int kv_buffers(int D, int Dq) { return D == 128 && (Dq == kDqSummed || Dq == kDqSplit) ? 1 : 2; }
+// head dim 128 (summed, or split with bulk reductions) or beside query tiles of 128 (split with bulk
+// reductions) needs the room; a launch with one is a block an item (the walk never reuses the buffer)
+constexpr int kv_buffers(int D, int Dq, int BRB) {
+    return (D == 128 && (Dq == kDqSummed || Dq == kDqSplit)) || (BRB == 128 && Dq == kDqSplit) ? 1 : 2;
+}
 // dS^T's buffers a consumer: two where dQ is split (the other consumer may still read one tile's
 // while this one writes the next's), else one
 constexpr int ds_buffers(int Dq) { return split_dq(Dq) ? 2 : 1; }
+
+// When a consumer computes P^T and dS^T: after both products S^T and dP^T (attn::score_grads_t); or
+// P^T while dP^T's product runs and dS^T while dV's does (attn::probs_t, dscores_t; FlashAttention-3's
+// order), dS^T from P^T in float32 or (kOverlapP16) from the bf16 P^T that dV's product takes, which
+// frees S^T's registers
+enum OverlapPath { kNoOverlap, kOverlap, kOverlapP16 };
 
 __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
 
 // (NWG + 1) * 128 threads, one block an SM. Block i takes key tile (work item) i of attn::tile_order
 // (heaviest first), then, in a persistent grid of at most a block an SM, the next unclaimed one (a
-// dynamic walk, attn::next_index); K and V sit in kv_buffers(D, Dq) buffers (two: the next item's
+// dynamic walk, attn::next_index); K and V sit in kv_buffers(D, Dq, BRB) buffers (two: the next item's
 // load while this one runs). The Q / dO ring runs on across items: entry e of the block's walk sits
 // in stage e % kStages.
-// Dq: the DqPath of dQ's partial sums.
-template <int D, int NWG, int Dq>
+// Dq: the DqPath of dQ's partial sums; BRB: the query tile's rows (64, or 128 where dQ is split by rows);
+// Overlap: an OverlapPath.
+template <int D, int NWG, int Dq, int BRB, int Overlap>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     bwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, int rows_inner,
@@ -85,18 +97,22 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     constexpr int P = PD::P, W = PD::W;
     static_assert(Dq != kDqBulk || D == 64, "dQ by rows of 64 floats");
     static_assert(Dq != kDqSummed || D >= 64, "dQ summed a panel of 64 columns at a time");
-    static_assert(!split_dq(Dq) || (D == 128 && NWG == 2), "dQ split into a panel of columns a consumer");
+    static_assert(BRB == 64 || (BRB == 128 && D == 64 && split_dq(Dq)), "query tiles of 128 split dQ by rows");
+    static_assert(!split_dq(Dq) || (NWG == 2 && (D == 128) == (BRB == 64)),
+                  "dQ split into a panel of columns (head dim 128) or of query rows (head dim 64) a consumer");
+    constexpr int NQ = BRB / 64;  // the query tile's 64-query halves (dS^T's tiles a consumer)
     constexpr uint32_t kDqRows = staged_dq(Dq) ? 64 * kDqStride : 0;  // a consumer's staged dQ panel
     constexpr uint32_t kSum = Dq == kDqSummed ? dq_sum_bytes(D) : 0;
-    constexpr int kKv = kv_buffers(D, Dq), kDs = ds_buffers(Dq);
+    constexpr int kKv = kv_buffers(D, Dq, BRB), kDs = ds_buffers(Dq);
     constexpr int kSummers = Dq == kDqSummed ? 2 : 0;  // the producer's warps 2 and 3 sum dQ
     constexpr uint32_t kKeys = PD::tile_bytes(BKB), kTile = PD::tile_bytes(BRB), kPanel = 64 * 128;
     extern __shared__ unsigned char smem_raw[];
-    // K, V [kKv](BKB, D); Q, dO [kStages](64, D); dS^T (64, 64) [kDs] a consumer; (bulk paths) dQ's
-    // rows a consumer; (summed) their sum; lse, delta [kStages][64]; the mbarriers
+    // K, V [kKv](BKB, D); Q, dO [kStages](BRB, D); dS^T (64, BRB) as NQ tiles (64, 64) [kDs] a
+    // consumer; (bulk paths) dQ's rows a consumer; (summed) their sum; lse, delta [kStages][BRB]; the
+    // mbarriers
     const uint32_t sK = (smem_addr(smem_raw) + 1023) & ~1023u, sV = sK + kKv * kKeys;
     const uint32_t sQ = sV + kKv * kKeys, sdO = sQ + kStages * kTile, sdS0 = sdO + kStages * kTile;
-    const uint32_t sDq0 = sdS0 + kDs * NWG * kPanel, sDqSum = sDq0 + NWG * kDqRows;
+    const uint32_t sDq0 = sdS0 + kDs * NWG * NQ * kPanel, sDqSum = sDq0 + NWG * kDqRows;
     float* sLse = reinterpret_cast<float*>(smem_raw + (sDqSum + kSum - smem_addr(smem_raw)));
     float* sDelta = sLse + kStages * BRB;
     const uint32_t bars = smem_addr(sDelta + kStages * BRB);
@@ -256,7 +272,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const uint32_t sDq = sDq0 + c * kDqRows + warp * 16 * kDqStride;  // this warp's dQ rows
     unsigned char* const rows = smem_raw + (sDq - smem_addr(smem_raw));
-    auto sdS = [&](int b, int cc) { return sdS0 + (b * NWG + cc) * kPanel; };  // consumer cc's dS^T in buffer b
+    // consumer cc's dS^T in buffer b (its NQ tiles of 64 queries, kPanel apart)
+    auto sdS = [&](int b, int cc) { return sdS0 + (b * NWG + cc) * NQ * kPanel; };
     auto wg_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); };
     // (split dQ) both consumers' 256 threads: every dS^T of the tile stored, or an item done
     auto pair_sync = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(NWG + 2) : "memory"); };
@@ -293,22 +310,37 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             uint64_t desc_q[P], desc_do[P];
 #pragma unroll
             for (int p = 0; p < P; ++p)
-                desc_q[p] = wgmma::desc(sQ + s * kTile + p * kPanel),
-                desc_do[p] = wgmma::desc(sdO + s * kTile + p * kPanel);
-            float st[8][4], dpt[8][4];
-            issue_scores_t<P, W>(st, dpt, desc_k, desc_q, desc_v, desc_do);
-            wgmma::wait<0>();
-            wgmma::hold(st);
-            wgmma::hold(dpt);
+                desc_q[p] = wgmma::desc(sQ + s * kTile + p * (BRB * 128)),
+                desc_do[p] = wgmma::desc(sdO + s * kTile + p * (BRB * 128));
+            float st[BRB / 8][4], dpt[BRB / 8][4];  // S^T, dP^T: 64 keys x BRB queries
+            uint32_t pa[BRB / 16][4], dsa[BRB / 16][4];
             const bool full_tile = kc0 + 64 <= S && (!causal || kc0 + 64 - 1 <= i0 + off);
-            uint32_t pa[4][4], dsa[4][4];
-            score_grads_t(st, dpt, sLse + s * BRB, sDelta + s * BRB, full_tile, i0, key, S, causal, off, scale2, warp, g,
-                          t, smem_raw + (sdS(ds_buf, c) - smem_addr(smem_raw)), pa, dsa);
-            issue_key_grads<P, W, D>(dv_acc, dk_acc, pa, dsa, desc_do, desc_q);
+            unsigned char* const ds_tile = smem_raw + (sdS(ds_buf, c) - smem_addr(smem_raw));
+            if constexpr (Overlap != kNoOverlap) {  // P^T while dP^T's product runs, dS^T while dV's does
+                issue_scores_t<P, W, BRB / 8, true>(st, dpt, desc_k, desc_q, desc_v, desc_do);
+                wgmma::wait<1>();
+                wgmma::hold(st);
+                probs_t(st, sLse + s * BRB, full_tile, i0, key, S, causal, off, scale2, t, pa);
+                issue_key_grad<P, W, D>(dv_acc, pa, desc_do);
+                wgmma::wait<1>();
+                wgmma::hold(dpt);
+                if constexpr (Overlap == kOverlapP16) dscores_t<BRB / 8>(pa, dpt, sDelta + s * BRB, warp, g, t, ds_tile, dsa);
+                else dscores_t(st, dpt, sDelta + s * BRB, warp, g, t, ds_tile, dsa);
+                issue_key_grad<P, W, D>(dk_acc, dsa, desc_q);
+            } else {
+                issue_scores_t<P, W>(st, dpt, desc_k, desc_q, desc_v, desc_do);
+                wgmma::wait<0>();
+                wgmma::hold(st);
+                wgmma::hold(dpt);
+                score_grads_t(st, dpt, sLse + s * BRB, sDelta + s * BRB, full_tile, i0, key, S, causal, off, scale2,
+                              warp, g, t, ds_tile, pa, dsa);
+                issue_key_grads<P, W, D>(dv_acc, dk_acc, pa, dsa, desc_do, desc_q);
+            }
             wgmma::fence_smem();  // dS^T's stores, before the wgmma reads them
-            // dQ (64 queries x D) = dS (queries x keys, read M-major out of dS^T) K (keys x D, N-major),
-            // a panel of W columns at a time; `finish` waits for a panel and hands it to dq_acc
-            auto finish = [&](float (&dq)[W / 8][4], bool first, bool last, int p) {
+            // dQ (BRB queries x D) = dS (queries x keys, read M-major out of dS^T) K (keys x D, N-major),
+            // 64 queries x a panel of W columns at a time; `finish` waits for the block of queries
+            // i0 + 64 h .., columns p W .. and hands it to dq_acc
+            auto finish = [&](float (&dq)[W / 8][4], bool first, bool last, int p, int h) {
                 wgmma::wait<0>();
                 wgmma::hold(dq);
                 wgmma::hold(dv_acc);
@@ -325,31 +357,37 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     release(dq_full(c));
                     ++staged;
                 } else if constexpr (Dq == kDqBulk || Dq == kDqSplit)
-                    reduce_dq(dq_bh + p * W, D, dq, i0 + warp * 16, Tq, rows, sDq, lane);
+                    reduce_dq(dq_bh + p * W, D, dq, i0 + 64 * h + warp * 16, Tq, rows, sDq, lane);
                 else
-                    add_dq(dq_bh, D, dq, i0 + warp * 16, p * W, Tq, g, t);
+                    add_dq(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
             };
             if constexpr (split_dq(Dq)) {
-                // both consumers see this tile: consumer c's 64 columns of dQ over the 128 keys of both
-                // (dS^T of each, K's rows of each in panel c); else consumer 0 alone, both panels over
-                // its keys, below
+                // both consumers see this tile: consumer c's 64 x 64 of dQ over the 128 keys of both
+                // (dS^T of each, K's rows of each): at head dim 128 K's panel c, all 64 queries; with
+                // query tiles of 128 the queries 64 c .. (dS^T's tile c). Else consumer 0 alone, every
+                // panel and half over its keys, below.
                 if (j >= skip_last) {
                     pair_sync();
-                    const uint32_t kp = sK + buf % kKv * kKeys + c * (BKB * 128);  // K's panel c
+                    constexpr bool by_rows = BRB == 128;
+                    const int p = by_rows ? 0 : c, h = by_rows ? c : 0;
+                    const uint32_t kp = sK + buf % kKv * kKeys + p * (BKB * 128);  // K's panel p
                     float dq[W / 8][4];
-                    issue_dq_panel<W, NWG>(dq, {wgmma::desc(sdS(ds_buf, 0)), wgmma::desc(sdS(ds_buf, 1))},
+                    issue_dq_panel<W, NWG>(dq, {wgmma::desc(sdS(ds_buf, 0) + h * kPanel),
+                                                wgmma::desc(sdS(ds_buf, 1) + h * kPanel)},
                                            {wgmma::desc(kp), wgmma::desc(kp + kPanel)});
-                    finish(dq, true, true, c);
+                    finish(dq, true, true, p, h);
                     continue;  // the next tile's dS^T goes to the other buffer: the next barrier orders it
                 }
             }
             wg_sync();
 #pragma unroll
-            for (int p = 0; p < P; ++p) {
-                float dq[W / 8][4];
-                issue_dq_panel<W>(dq, wgmma::desc(sdS(ds_buf, c)), desc_k[p]);
-                finish(dq, p == 0, p == P - 1, p);
-            }
+            for (int h = 0; h < NQ; ++h)
+#pragma unroll
+                for (int p = 0; p < P; ++p) {
+                    float dq[W / 8][4];
+                    issue_dq_panel<W>(dq, wgmma::desc(sdS(ds_buf, c) + h * kPanel), desc_k[p]);
+                    finish(dq, h == 0 && p == 0, h == NQ - 1 && p == P - 1, p, h);
+                }
             if constexpr (!split_dq(Dq)) wg_sync();  // dS^T is rewritten next (split: it has two buffers)
         }
         if (kc0 < S)
@@ -367,7 +405,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 unsigned* counters[64] = {};  // g_next_item's address on each device
 
 // dynamic: a persistent grid walking the items dynamically, else a block an item
-template <int D, int NWG, int Dq>
+template <int D, int NWG, int Dq, int BRB = 64, int Overlap = kNoOverlap>
 bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
               const void* q, const void* k, const void* v, const float* lse, const float* delta, AttnLayout lq,
               AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
@@ -379,15 +417,16 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
         return false;
     // K, V [kv_buffers](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer, and their sum; lse,
     // delta [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
-    const int bytes = (int)Panels<D>::tile_bytes(2 * kv_buffers(D, Dq) * BKB + 2 * kStages * BRB) +
-                      ds_buffers(Dq) * NWG * 64 * 128 +
+    constexpr int kKv = kv_buffers(D, Dq, BRB);
+    const int bytes = (int)Panels<D>::tile_bytes(2 * kKv * BKB + 2 * kStages * BRB) +
+                      ds_buffers(Dq) * NWG * BRB * 128 +
                       (staged_dq(Dq) ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
                       2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
-    auto kernel = bwd_ws_kernel<D, NWG, Dq>;
+    auto kernel = bwd_ws_kernel<D, NWG, Dq, BRB, Overlap>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
     // a block an item, or (dynamic) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(S, BKB) * B * H;
-    if (kv_buffers(D, Dq) == 1) dynamic = false;  // a walk would reuse the one K/V buffer
+    if (kKv == 1) dynamic = false;  // a walk would reuse the one K/V buffer
     const unsigned grid = (unsigned)(dynamic ? std::min<int64_t>(items, sm_count(device)) : items);
     kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, mdo, (int)rq | (int)rk << 1 | (int)rv << 2 | (int)rdo << 3,
                                                  (bf16*)dk, (bf16*)dv, dq_acc, lse, delta, lk, lv, B, H, T, S, causal,
@@ -401,8 +440,12 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 // dQ summed in shared memory first (over + 8; at head dim 128 always a block an item, as K and V
 // have one buffer there); + 64 dQ split by columns between the consumers (head dim 128 and two
 // consumers only; added by atomics, or with + 8 by bulk reductions of rows, then a block an item as
-// K and V have one buffer); + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static
-// stride, is gone: 0.42-0.54 ms against 0.32-0.38 at gpt2_124m's shape.)
+// K and V have one buffer); + 128 query tiles of 128 with dQ split by query rows between the consumers
+// (head dim 64 and two consumers only; atomics, or with + 8 bulk reductions and a block an item);
+// + 256 P^T and dS^T each computed while a product runs (kernels 57, 74 and those of + 128 only), with
+// + 512 dS^T from the bf16 P^T (those of + 128 only);
+// + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54
+// ms against 0.32-0.38 at gpt2_124m's shape.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
                            AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
@@ -410,10 +453,26 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
     const int variant = kernel & 3;
     if (kernel & 4) return false;
     const bool dynamic = kernel & 16;
-    const int dq = kernel & 64 ? (kernel & 8 ? kDqSplit : kDqSplitAtomic)
+    const bool rows128 = kernel & 128;  // query tiles of 128, dQ split by rows
+    const int dq = kernel & (64 | 128) ? (kernel & 8 ? kDqSplit : kDqSplitAtomic)
                    : kernel & 32 ? kDqSummed : kernel & 8 ? kDqBulk : kDqAtomic;
-    if (split_dq(dq) && (D != 128 || variant != 2)) return false;
+    if (split_dq(dq) && (D != (rows128 ? 64 : 128) || variant != 2 || (kernel & 64 && rows128))) return false;
 #define ARGS dynamic, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
+    if (kernel & 512) {  // overlapped, dS^T from the bf16 P^T
+        if (!rows128 || !(kernel & 256)) return false;
+        return dq == kDqSplit ? backward<64, 2, kDqSplit, 128, kOverlapP16>(ARGS)
+                              : backward<64, 2, kDqSplitAtomic, 128, kOverlapP16>(ARGS);
+    }
+    if (kernel & 256) {  // overlapped
+        if (rows128)
+            return dq == kDqSplit ? backward<64, 2, kDqSplit, 128, kOverlap>(ARGS)
+                                  : backward<64, 2, kDqSplitAtomic, 128, kOverlap>(ARGS);
+        if (D == 64 && variant == 1 && dq == kDqSummed) return backward<64, 3, kDqSummed, 64, kOverlap>(ARGS);
+        if (D == 128 && variant == 2 && dq == kDqSplit) return backward<128, 2, kDqSplit, 64, kOverlap>(ARGS);
+        return false;
+    }
+    if (rows128)
+        return dq == kDqSplit ? backward<64, 2, kDqSplit, 128>(ARGS) : backward<64, 2, kDqSplitAtomic, 128>(ARGS);
     if (D == 64 && variant == 1)
         return dq == kDqSummed ? backward<64, 3, kDqSummed>(ARGS)
                : dq == kDqBulk ? backward<64, 3, kDqBulk>(ARGS) : backward<64, 3, kDqAtomic>(ARGS);

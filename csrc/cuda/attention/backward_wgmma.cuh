@@ -1,7 +1,8 @@
 // The attention backward's step on one query tile, on wgmma, for a warpgroup that owns 64 keys: the
 // pieces that attention_wgmma.cu's cp.async kernel and attention_bwd_ws.cu's warp-specialised one
-// share. Tiles are 64 keys x 64 queries; Q, dO, K and V sit in shared memory as panels of W columns
-// (softmax_wgmma.cuh's Panels), described by wgmma::desc.
+// share. Tiles are 64 keys x R queries (R = 8 N: 64, or 128 in attention_bwd_ws.cu's tiles of 128
+// queries); Q, dO, K and V sit in shared memory as panels of W columns (softmax_wgmma.cuh's Panels),
+// described by wgmma::desc, a query tile's panel R x 128 bytes.
 #pragma once
 #include <cstdint>
 
@@ -12,9 +13,10 @@
 namespace engine {
 namespace attn {
 
-// S^T = K Q^T and dP^T = V dO^T (64 keys x 64 queries each), issued and committed as one group
-template <int P, int W>
-__device__ __forceinline__ void issue_scores_t(float (&st)[8][4], float (&dpt)[8][4], const uint64_t (&desc_k)[P],
+// S^T = K Q^T and dP^T = V dO^T (64 keys x 8 N queries each), issued and committed as one group, or
+// (Apart) as two, S^T's first, so that a wait for one group leaves dP^T's product running
+template <int P, int W, int N, bool Apart = false>
+__device__ __forceinline__ void issue_scores_t(float (&st)[N][4], float (&dpt)[N][4], const uint64_t (&desc_k)[P],
                                                const uint64_t (&desc_q)[P], const uint64_t (&desc_v)[P],
                                                const uint64_t (&desc_do)[P]) {
     wgmma::fence();
@@ -22,6 +24,7 @@ __device__ __forceinline__ void issue_scores_t(float (&st)[8][4], float (&dpt)[8
     for (int p = 0; p < P; ++p)
 #pragma unroll
         for (int kk = 0; kk < W / 16; ++kk) wgmma::mma_ss(st, desc_k[p] + 2 * kk, desc_q[p] + 2 * kk, p > 0 || kk > 0);
+    if constexpr (Apart) wgmma::commit();
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
@@ -30,65 +33,132 @@ __device__ __forceinline__ void issue_scores_t(float (&st)[8][4], float (&dpt)[8
 }
 
 // P^T = 2^(S^T scale2 - lse2) and dS^T = P^T (dP^T - delta), as bf16 A-fragments (pa, dsa), and dS^T
-// also stored swizzled (keys, queries) at sdS for dQ's product. lse2 and delta are the tile's 64
-// queries' (log2-domain lse: +inf past Tq, so P = 0 there); keys key[0], key[1] are this lane's rows.
-// A tile wholly inside the visible region (Full) skips the mask; score_grads_t picks the version.
+// also stored swizzled (keys, queries) at sdS for dQ's product, as N / 8 tiles of (64 keys, 64
+// queries) 8 KB apart. lse2 and delta are the tile's 8 N queries' (log2-domain lse: +inf past Tq, so
+// P = 0 there); keys key[0], key[1] are this lane's rows. A tile wholly inside the visible region
+// (Full) skips the mask; score_grads_t picks the version.
+//
+// Fragment j of P^T (this lane's keys key[0], key[1]; queries i0 + 8 j + 2 t, + 1) from S^T's
 template <bool Full>
-__device__ __forceinline__ void score_grads_t(const float (&st)[8][4], const float (&dpt)[8][4], const float* lse2s,
+__device__ __forceinline__ void probs_frag(float (&p)[4], const float (&s)[4], const float* lse2s, int i0, int j,
+                                           const int (&key)[2], int S, bool causal, int off, float scale2, int t) {
+    const float2 lse2 = *reinterpret_cast<const float2*>(lse2s + j * 8 + 2 * t);  // columns j * 8 + 2 t, + 1
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        p[e] = ex2(fmaf(s[e], scale2, -(e & 1 ? lse2.y : lse2.x)));
+        if constexpr (!Full) {
+            const int qi = i0 + j * 8 + 2 * t + (e & 1), kr = key[e >> 1];
+            if (kr >= S || (causal && kr > qi + off)) p[e] = 0.f;
+        }
+    }
+}
+// fragment j of dS^T = P^T (dP^T - delta) -> its bf16 A-fragment half in dsa and the swizzled tiles at sdS
+template <int K>
+__device__ __forceinline__ void dscores_frag(uint32_t (&dsa)[K][4], const float (&p)[4], const float (&dp)[4],
+                                             const float* deltas, int j, int warp, int g, int t, unsigned char* sdS) {
+    const float2 delta2 = *reinterpret_cast<const float2*>(deltas + j * 8 + 2 * t);
+    float ds[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ds[e] = p[e] * (dp[e] - (e & 1 ? delta2.y : delta2.x));
+    dsa[j >> 1][(j & 1) * 2] = pack_bf16(ds[0], ds[1]);
+    dsa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
+    // rows r0 and r0 + 8 of dS^T; columns j * 8 + 2 t, + 1: chunk j % 8 of the tile of 64 queries j / 8
+    const int r0 = warp * 16 + g;
+    unsigned char* const tile = sdS + (j >> 3) * (64 * 128);
+    *reinterpret_cast<uint32_t*>(tile + wgmma::swizzled(r0, j & 7) + 4 * t) = dsa[j >> 1][(j & 1) * 2];
+    *reinterpret_cast<uint32_t*>(tile + wgmma::swizzled(r0 + 8, j & 7) + 4 * t) = dsa[j >> 1][(j & 1) * 2 + 1];
+}
+
+template <bool Full, int N>
+__device__ __forceinline__ void score_grads_t(const float (&st)[N][4], const float (&dpt)[N][4], const float* lse2s,
                                               const float* deltas, int i0, const int (&key)[2], int S, bool causal,
                                               int off, float scale2, int warp, int g, int t, unsigned char* sdS,
-                                              uint32_t (&pa)[4][4], uint32_t (&dsa)[4][4]) {
+                                              uint32_t (&pa)[N / 2][4], uint32_t (&dsa)[N / 2][4]) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const float2 lse2 = *reinterpret_cast<const float2*>(lse2s + j * 8 + 2 * t);  // columns j * 8 + 2 t, + 1
-        const float2 delta2 = *reinterpret_cast<const float2*>(deltas + j * 8 + 2 * t);
-        float p[4], ds[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            p[e] = ex2(fmaf(st[j][e], scale2, -(e & 1 ? lse2.y : lse2.x)));
-            if constexpr (!Full) {
-                const int qi = i0 + j * 8 + 2 * t + (e & 1), kr = key[e >> 1];
-                if (kr >= S || (causal && kr > qi + off)) p[e] = 0.f;
-            }
-            ds[e] = p[e] * (dpt[j][e] - (e & 1 ? delta2.y : delta2.x));
-        }
+    for (int j = 0; j < N; ++j) {
+        float p[4];
+        probs_frag<Full>(p, st[j], lse2s, i0, j, key, S, causal, off, scale2, t);
         pa[j >> 1][(j & 1) * 2] = pack_bf16(p[0], p[1]);
         pa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p[2], p[3]);
-        dsa[j >> 1][(j & 1) * 2] = pack_bf16(ds[0], ds[1]);
-        dsa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
-        const int r0 = warp * 16 + g;  // rows r0 and r0 + 8 of dS^T; columns j * 8 + 2 t, + 1
-        *reinterpret_cast<uint32_t*>(sdS + wgmma::swizzled(r0, j) + 4 * t) = dsa[j >> 1][(j & 1) * 2];
-        *reinterpret_cast<uint32_t*>(sdS + wgmma::swizzled(r0 + 8, j) + 4 * t) = dsa[j >> 1][(j & 1) * 2 + 1];
+        dscores_frag(dsa, p, dpt[j], deltas, j, warp, g, t, sdS);
     }
 }
 
-__device__ __forceinline__ void score_grads_t(const float (&st)[8][4], const float (&dpt)[8][4], const float* lse2s,
-                                              const float* deltas, bool full, int i0, const int (&key)[2], int S,
-                                              bool causal, int off, float scale2, int warp, int g, int t,
-                                              unsigned char* sdS, uint32_t (&pa)[4][4], uint32_t (&dsa)[4][4]) {
-    if (full)
-        score_grads_t<true>(st, dpt, lse2s, deltas, i0, key, S, causal, off, scale2, warp, g, t, sdS, pa, dsa);
-    else
-        score_grads_t<false>(st, dpt, lse2s, deltas, i0, key, S, causal, off, scale2, warp, g, t, sdS, pa, dsa);
+// The same step in two halves, so that dV's product can run while dS^T is computed (FlashAttention-3's
+// order): P^T in place of S^T (float32, for dS^T) and as bf16 A-fragments pa ...
+template <int N>
+__device__ __forceinline__ void probs_t(float (&st)[N][4], const float* lse2s, bool full, int i0, const int (&key)[2],
+                                        int S, bool causal, int off, float scale2, int t, uint32_t (&pa)[N / 2][4]) {
+    // (P^T is rounded to bf16 for dV's product only; dS^T takes it in float32 unless dscores_t is given pa)
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        float p[4];
+        if (full) probs_frag<true>(p, st[j], lse2s, i0, j, key, S, causal, off, scale2, t);
+        else probs_frag<false>(p, st[j], lse2s, i0, j, key, S, causal, off, scale2, t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[j][e] = p[e];
+    }
+    to_a_frags(pa, st);
+}
+// ... then dS^T = P^T (dP^T - delta) from P^T (pt), as bf16 A-fragments dsa and stored at sdS
+template <int N>
+__device__ __forceinline__ void dscores_t(const float (&pt)[N][4], const float (&dpt)[N][4], const float* deltas,
+                                          int warp, int g, int t, unsigned char* sdS, uint32_t (&dsa)[N / 2][4]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) dscores_frag(dsa, pt[j], dpt[j], deltas, j, warp, g, t, sdS);
+}
+// ... or from P^T's bf16 A-fragments (pa), so that S^T's registers are free while dV's product runs
+template <int N>
+__device__ __forceinline__ void dscores_t(const uint32_t (&pa)[N / 2][4], const float (&dpt)[N][4],
+                                          const float* deltas, int warp, int g, int t, unsigned char* sdS,
+                                          uint32_t (&dsa)[N / 2][4]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        const float2 lo = unpack_bf16(pa[j >> 1][(j & 1) * 2]), hi = unpack_bf16(pa[j >> 1][(j & 1) * 2 + 1]);
+        const float p[4] = {lo.x, lo.y, hi.x, hi.y};
+        dscores_frag(dsa, p, dpt[j], deltas, j, warp, g, t, sdS);
+    }
 }
 
-// dV += P^T dO and dK += dS^T Q (64 keys x D; the scale is applied at the end), k-steps of 16
-// queries, issued and committed as one group
-template <int P, int W, int D>
+template <int N>
+__device__ __forceinline__ void score_grads_t(const float (&st)[N][4], const float (&dpt)[N][4], const float* lse2s,
+                                              const float* deltas, bool full, int i0, const int (&key)[2], int S,
+                                              bool causal, int off, float scale2, int warp, int g, int t,
+                                              unsigned char* sdS, uint32_t (&pa)[N / 2][4], uint32_t (&dsa)[N / 2][4]) {
+    if (full)
+        score_grads_t<true, N>(st, dpt, lse2s, deltas, i0, key, S, causal, off, scale2, warp, g, t, sdS, pa, dsa);
+    else
+        score_grads_t<false, N>(st, dpt, lse2s, deltas, i0, key, S, causal, off, scale2, warp, g, t, sdS, pa, dsa);
+}
+
+// acc (64 keys x D) += A^T B over a tile of 16 K queries: A^T (keys x queries) in bf16 A-fragments a,
+// B (queries x D) an N-major tile in panels at desc_b, k-steps of 16 queries; issued, not committed
+template <int P, int W, int D, int K>
+__device__ __forceinline__ void mma_key_grad(float (&acc)[D / 8][4], const uint32_t (&a)[K][4],
+                                             const uint64_t (&desc_b)[P]) {
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+#pragma unroll
+        for (int kk = 0; kk < K; ++kk) wgmma::mma_rs_n_major(wgmma::columns<W>(acc, p * W), a[kk], desc_b[p] + 128 * kk);
+}
+
+// dV += P^T dO and dK += dS^T Q (64 keys x D; the scale is applied at the end), issued and committed
+// as one group
+template <int P, int W, int D, int K>
 __device__ __forceinline__ void issue_key_grads(float (&dv_acc)[D / 8][4], float (&dk_acc)[D / 8][4],
-                                                const uint32_t (&pa)[4][4], const uint32_t (&dsa)[4][4],
+                                                const uint32_t (&pa)[K][4], const uint32_t (&dsa)[K][4],
                                                 const uint64_t (&desc_do)[P], const uint64_t (&desc_q)[P]) {
     wgmma::fence();
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wgmma::mma_rs_n_major(wgmma::columns<W>(dv_acc, p * W), pa[kk], desc_do[p] + 128 * kk);
-#pragma unroll
-    for (int p = 0; p < P; ++p)
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            wgmma::mma_rs_n_major(wgmma::columns<W>(dk_acc, p * W), dsa[kk], desc_q[p] + 128 * kk);
+    mma_key_grad<P, W, D>(dv_acc, pa, desc_do);
+    mma_key_grad<P, W, D>(dk_acc, dsa, desc_q);
+    wgmma::commit();
+}
+// one of them (dV or dK) as a group of its own
+template <int P, int W, int D, int K>
+__device__ __forceinline__ void issue_key_grad(float (&acc)[D / 8][4], const uint32_t (&a)[K][4],
+                                               const uint64_t (&desc_b)[P]) {
+    wgmma::fence();
+    mma_key_grad<P, W, D>(acc, a, desc_b);
     wgmma::commit();
 }
 
