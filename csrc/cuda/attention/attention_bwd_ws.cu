@@ -69,12 +69,6 @@ constexpr int kv_buffers(int D, int Dq, int BRB) {
 // while this one writes the next's), else one
 constexpr int ds_buffers(int Dq) { return split_dq(Dq) ? 2 : 1; }
 
-// When a consumer computes P^T and dS^T: after both products S^T and dP^T (attn::score_grads_t); or
-// P^T while dP^T's product runs and dS^T while dV's does (attn::probs_t, dscores_t; FlashAttention-3's
-// order), dS^T from P^T in float32 or (kOverlapP16) from the bf16 P^T that dV's product takes, which
-// frees S^T's registers
-enum OverlapPath { kNoOverlap, kOverlap, kOverlapP16 };
-
 __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
 
 // (NWG + 1) * 128 threads, one block an SM. Block i takes key tile (work item) i of attn::tile_order
@@ -83,8 +77,9 @@ __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_inde
 // load while this one runs). The Q / dO ring runs on across items: entry e of the block's walk sits
 // in stage e % kStages.
 // Dq: the DqPath of dQ's partial sums; BRB: the query tile's rows (64, or 128 where dQ is split by rows);
-// Overlap: an OverlapPath.
-template <int D, int NWG, int Dq, int BRB, int Overlap>
+// Overlap: FlashAttention-3's order of a tile's steps (P^T computed while dP^T's product runs; dK's
+// product issued after dQ's, and dQ handed to dq_acc while dK's runs), else each step after the last.
+template <int D, int NWG, int Dq, int BRB, bool Overlap>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     bwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, int rows_inner,
@@ -316,17 +311,17 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             uint32_t pa[BRB / 16][4], dsa[BRB / 16][4];
             const bool full_tile = kc0 + 64 <= S && (!causal || kc0 + 64 - 1 <= i0 + off);
             unsigned char* const ds_tile = smem_raw + (sdS(ds_buf, c) - smem_addr(smem_raw));
-            if constexpr (Overlap != kNoOverlap) {  // P^T while dP^T's product runs, dS^T while dV's does
+            if constexpr (Overlap) {
+                // FlashAttention-3's order: P^T while dP^T's product runs, dS^T stored before dV's product
+                // is issued, dK's after dQ's (below)
                 issue_scores_t<P, W, BRB / 8, true>(st, dpt, desc_k, desc_q, desc_v, desc_do);
                 wgmma::wait<1>();
                 wgmma::hold(st);
                 probs_t(st, sLse + s * BRB, full_tile, i0, key, S, causal, off, scale2, t, pa);
-                issue_key_grad<P, W, D>(dv_acc, pa, desc_do);
-                wgmma::wait<1>();
+                wgmma::wait<0>();
                 wgmma::hold(dpt);
-                if constexpr (Overlap == kOverlapP16) dscores_t<BRB / 8>(pa, dpt, sDelta + s * BRB, warp, g, t, ds_tile, dsa);
-                else dscores_t(st, dpt, sDelta + s * BRB, warp, g, t, ds_tile, dsa);
-                issue_key_grad<P, W, D>(dk_acc, dsa, desc_q);
+                dscores_t(st, dpt, sDelta + s * BRB, warp, g, t, ds_tile, dsa);
+                issue_key_grad<P, W, D>(dv_acc, pa, desc_do);
             } else {
                 issue_scores_t<P, W>(st, dpt, desc_k, desc_q, desc_v, desc_do);
                 wgmma::wait<0>();
@@ -338,11 +333,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             }
             wgmma::fence_smem();  // dS^T's stores, before the wgmma reads them
             // dQ (BRB queries x D) = dS (queries x keys, read M-major out of dS^T) K (keys x D, N-major),
-            // 64 queries x a panel of W columns at a time; `finish` waits for the block of queries
-            // i0 + 64 h .., columns p W .. and hands it to dq_acc
-            auto finish = [&](float (&dq)[W / 8][4], bool first, bool last, int p, int h) {
-                wgmma::wait<0>();
-                wgmma::hold(dq);
+            // 64 queries x a panel of W columns at a time. Once every product of the tile is done,
+            // `settle` releases the Q/dO stage (first block) and, at the item's end, K and V (last);
+            // `hand` adds the block of queries i0 + 64 h .., columns p W .. into dq_acc.
+            auto settle = [&](bool first, bool last) {
                 wgmma::hold(dv_acc);
                 wgmma::hold(dk_acc);
                 if (first) {
@@ -351,6 +345,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     release(empty(s));  // every product that reads this stage's Q and dO is done
                 }
                 if (last && j + 1 == ntiles) release(kv_empty(buf));  // and, at the end, with K and V
+            };
+            auto hand = [&](float (&dq)[W / 8][4], int p, int h) {
                 if constexpr (Dq == kDqSummed) {
                     tma::wait(dq_empty(c), (staged & 1) ^ 1);  // the summing warps have read the last one
                     put_dq_rows(dq, rows, lane);
@@ -360,6 +356,27 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     reduce_dq(dq_bh + p * W, D, dq, i0 + 64 * h + warp * 16, Tq, rows, sDq, lane);
                 else
                     add_dq(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
+            };
+            auto finish = [&](float (&dq)[W / 8][4], bool first, bool last, int p, int h) {
+                wgmma::wait<0>();
+                wgmma::hold(dq);
+                settle(first, last);
+                hand(dq, p, h);
+            };
+            // the tile's one block of dQ, issued: with Overlap, dK's product is issued behind it and the
+            // block is handed to dq_acc while dK's runs
+            auto finish_one = [&](float (&dq)[W / 8][4], int p, int h) {
+                if constexpr (Overlap) {
+                    wgmma::wait<1>();  // dV's product done
+                    issue_key_grad<P, W, D>(dk_acc, dsa, desc_q);
+                    wgmma::wait<1>();  // dQ's done
+                    wgmma::hold(dq);
+                    hand(dq, p, h);
+                    wgmma::wait<0>();
+                    settle(true, true);
+                } else {
+                    finish(dq, true, true, p, h);
+                }
             };
             if constexpr (split_dq(Dq)) {
                 // both consumers see this tile: consumer c's 64 x 64 of dQ over the 128 keys of both
@@ -375,19 +392,26 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     issue_dq_panel<W, NWG>(dq, {wgmma::desc(sdS(ds_buf, 0) + h * kPanel),
                                                 wgmma::desc(sdS(ds_buf, 1) + h * kPanel)},
                                            {wgmma::desc(kp), wgmma::desc(kp + kPanel)});
-                    finish(dq, true, true, p, h);
+                    finish_one(dq, p, h);
                     continue;  // the next tile's dS^T goes to the other buffer: the next barrier orders it
                 }
             }
             wg_sync();
+            if constexpr (NQ * P == 1) {
+                float dq[W / 8][4];
+                issue_dq_panel<W>(dq, wgmma::desc(sdS(ds_buf, c)), desc_k[0]);
+                finish_one(dq, 0, 0);
+            } else {
+                if constexpr (Overlap) issue_key_grad<P, W, D>(dk_acc, dsa, desc_q);
 #pragma unroll
-            for (int h = 0; h < NQ; ++h)
+                for (int h = 0; h < NQ; ++h)
 #pragma unroll
-                for (int p = 0; p < P; ++p) {
-                    float dq[W / 8][4];
-                    issue_dq_panel<W>(dq, wgmma::desc(sdS(ds_buf, c) + h * kPanel), desc_k[p]);
-                    finish(dq, h == 0 && p == 0, h == NQ - 1 && p == P - 1, p, h);
-                }
+                    for (int p = 0; p < P; ++p) {
+                        float dq[W / 8][4];
+                        issue_dq_panel<W>(dq, wgmma::desc(sdS(ds_buf, c) + h * kPanel), desc_k[p]);
+                        finish(dq, h == 0 && p == 0, h == NQ - 1 && p == P - 1, p, h);
+                    }
+            }
             if constexpr (!split_dq(Dq)) wg_sync();  // dS^T is rewritten next (split: it has two buffers)
         }
         if (kc0 < S)
@@ -405,7 +429,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 unsigned* counters[64] = {};  // g_next_item's address on each device
 
 // dynamic: a persistent grid walking the items dynamically, else a block an item
-template <int D, int NWG, int Dq, int BRB = 64, int Overlap = kNoOverlap>
+template <int D, int NWG, int Dq, int BRB = 64, bool Overlap = false>
 bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
               const void* q, const void* k, const void* v, const float* lse, const float* delta, AttnLayout lq,
               AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
@@ -442,8 +466,7 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 // consumers only; added by atomics, or with + 8 by bulk reductions of rows, then a block an item as
 // K and V have one buffer); + 128 query tiles of 128 with dQ split by query rows between the consumers
 // (head dim 64 and two consumers only; atomics, or with + 8 bulk reductions and a block an item);
-// + 256 P^T and dS^T each computed while a product runs (kernels 57, 74 and those of + 128 only), with
-// + 512 dS^T from the bf16 P^T (those of + 128 only);
+// + 256 FlashAttention-3's order of a tile's steps (kernels 57, 74 and those of + 128 only);
 // + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54
 // ms against 0.32-0.38 at gpt2_124m's shape.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
@@ -458,17 +481,12 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
                    : kernel & 32 ? kDqSummed : kernel & 8 ? kDqBulk : kDqAtomic;
     if (split_dq(dq) && (D != (rows128 ? 64 : 128) || variant != 2 || (kernel & 64 && rows128))) return false;
 #define ARGS dynamic, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
-    if (kernel & 512) {  // overlapped, dS^T from the bf16 P^T
-        if (!rows128 || !(kernel & 256)) return false;
-        return dq == kDqSplit ? backward<64, 2, kDqSplit, 128, kOverlapP16>(ARGS)
-                              : backward<64, 2, kDqSplitAtomic, 128, kOverlapP16>(ARGS);
-    }
-    if (kernel & 256) {  // overlapped
+    if (kernel & 256) {  // FlashAttention-3's order
         if (rows128)
-            return dq == kDqSplit ? backward<64, 2, kDqSplit, 128, kOverlap>(ARGS)
-                                  : backward<64, 2, kDqSplitAtomic, 128, kOverlap>(ARGS);
-        if (D == 64 && variant == 1 && dq == kDqSummed) return backward<64, 3, kDqSummed, 64, kOverlap>(ARGS);
-        if (D == 128 && variant == 2 && dq == kDqSplit) return backward<128, 2, kDqSplit, 64, kOverlap>(ARGS);
+            return dq == kDqSplit ? backward<64, 2, kDqSplit, 128, true>(ARGS)
+                                  : backward<64, 2, kDqSplitAtomic, 128, true>(ARGS);
+        if (D == 64 && variant == 1 && dq == kDqSummed) return backward<64, 3, kDqSummed, 64, true>(ARGS);
+        if (D == 128 && variant == 2 && dq == kDqSplit) return backward<128, 2, kDqSplit, 64, true>(ARGS);
         return false;
     }
     if (rows128)

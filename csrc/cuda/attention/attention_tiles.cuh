@@ -30,9 +30,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
-__device__ __forceinline__ float2 unpack_bf16(uint32_t v) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-}
 // N accumulator fragments (16 x 8 each, of a warp) = 0
 template <int N>
 __device__ __forceinline__ void zero(float (&c)[N][4]) {

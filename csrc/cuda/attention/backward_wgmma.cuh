@@ -84,12 +84,11 @@ __device__ __forceinline__ void score_grads_t(const float (&st)[N][4], const flo
     }
 }
 
-// The same step in two halves, so that dV's product can run while dS^T is computed (FlashAttention-3's
+// The same step in two halves, so that P^T can be computed while dP^T's product runs (FlashAttention-3's
 // order): P^T in place of S^T (float32, for dS^T) and as bf16 A-fragments pa ...
 template <int N>
 __device__ __forceinline__ void probs_t(float (&st)[N][4], const float* lse2s, bool full, int i0, const int (&key)[2],
                                         int S, bool causal, int off, float scale2, int t, uint32_t (&pa)[N / 2][4]) {
-    // (P^T is rounded to bf16 for dV's product only; dS^T takes it in float32 unless dscores_t is given pa)
 #pragma unroll
     for (int j = 0; j < N; ++j) {
         float p[4];
@@ -106,18 +105,6 @@ __device__ __forceinline__ void dscores_t(const float (&pt)[N][4], const float (
                                           int warp, int g, int t, unsigned char* sdS, uint32_t (&dsa)[N / 2][4]) {
 #pragma unroll
     for (int j = 0; j < N; ++j) dscores_frag(dsa, pt[j], dpt[j], deltas, j, warp, g, t, sdS);
-}
-// ... or from P^T's bf16 A-fragments (pa), so that S^T's registers are free while dV's product runs
-template <int N>
-__device__ __forceinline__ void dscores_t(const uint32_t (&pa)[N / 2][4], const float (&dpt)[N][4],
-                                          const float* deltas, int warp, int g, int t, unsigned char* sdS,
-                                          uint32_t (&dsa)[N / 2][4]) {
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-        const float2 lo = unpack_bf16(pa[j >> 1][(j & 1) * 2]), hi = unpack_bf16(pa[j >> 1][(j & 1) * 2 + 1]);
-        const float p[4] = {lo.x, lo.y, hi.x, hi.y};
-        dscores_frag(dsa, p, dpt[j], deltas, j, warp, g, t, sdS);
-    }
 }
 
 template <int N>
