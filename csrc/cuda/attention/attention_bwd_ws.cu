@@ -4,9 +4,9 @@
 // A block is one producer warpgroup and NWG consumer warpgroups of 64 keys each (the block owns
 // BKB = 64 NWG keys):
 // - the producer's first thread loads the block's K and V once, then walks the query tiles of BRB
-//   (64, or 128 at head dim 64 with dQ split by rows) that see its keys, loading each tile's Q and dO by TMA into a ring of two stages (a "full" and
-//   an "empty" mbarrier each), so that the consumers share every Q and dO tile instead of each
-//   loading its own;
+//   (64, or 128 at head dim 64 with dQ split by rows) that see its keys, loading each tile's Q and
+//   dO by TMA into a ring of two stages (a "full" and an "empty" mbarrier each), so that the
+//   consumers share every Q and dO tile instead of each loading its own;
 //   and its second warp stages the tile's lse (log2 domain) and delta beside them, each lane arriving
 //   on the same "full" barrier;
 // - each consumer runs attention_wgmma.cu's iteration on its 64 keys (S^T, dP^T; P^T, dS^T in
