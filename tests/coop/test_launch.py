@@ -121,7 +121,8 @@ def test_a_killed_rank_ends_the_run_with_a_clear_error(long_run):
     _, err = launcher.communicate(timeout=120)
     assert time.monotonic() - killed < 60, "the launcher must notice a dead rank within seconds"
     assert launcher.returncode == 1, err
-    assert "rank 1 was killed by SIGKILL; stopping the other 1 rank(s)" in err, err
+    # rank 0 may have seen rank 1 die through the store and exited first, so the launcher stops 1 or 0
+    assert re.search(r"rank 1 was killed by SIGKILL; stopping the other [01] rank\(s\)", err), err
     assert gone(rank0) and gone(rank1)
 
 
