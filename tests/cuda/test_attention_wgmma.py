@@ -291,28 +291,3 @@ def test_warp_specialised_backward_matches_the_cp_async_kernel(causal, D, shape)
             assert _rel(got, want) < 1e-2, f"{name} {what}"
         # dK and dV come from the same products in the same order
         np.testing.assert_array_equal(grads[2], base[2], err_msg=f"{name} dv")
-
-
-# kernels that write dq themselves (+ 512): the head dim each takes
-DIRECT_DQ = [pytest.param(v, 64 if "q128" in name else 128, id=name.replace(" ", "_"))
-             for name, v in gpu.BACKWARD_KERNELS.items() if "direct-dq" in name]
-
-
-@pytest.mark.parametrize("kernel,D", DIRECT_DQ)
-@pytest.mark.parametrize("T,S,causal", [(1024, 1024, True), (300, 700, True), (333, 200, False),
-                                        (333, 200, True)])
-def test_direct_dq_is_written_on_every_call(kernel, D, T, S, causal):
-    """The warp that adds the last partial of 16 query rows writes their dq, counted on tickets that
-    each call zeroes: three calls in a row give the cp.async kernel's dq each time. Causal with T > S
-    (queries that see no key, so no partial) takes the pass over dq_acc instead."""
-    (Q, K, V, G), _ = _inputs((1, 3, T, D), (1, 3, S, D), seed=23)
-    scale = D ** -0.5
-    with _kernels(True):
-        out, lse, _ = gpu.attention(Q, K, V, causal, scale)
-        with _backward_kernel(0):
-            want = [_download(x) for x in gpu.attention_backward(G, Q, K, V, out, lse, causal, scale)]
-        with _backward_kernel(kernel):
-            for call in range(3):
-                got = [_download(x) for x in gpu.attention_backward(G, Q, K, V, out, lse, causal, scale)]
-                for g, w, what in zip(got, want, ("dq", "dk", "dv")):
-                    assert _rel(g, w) < 1e-2, f"call {call}: {what}"

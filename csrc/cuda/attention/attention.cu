@@ -2,8 +2,7 @@
 // Hopper wgmma kernels first (attention_wgmma.cu), then the mma.sync ones (attention_mma.cu); every
 // other case, and any shape those decline, runs the general WMMA kernels of attention_wmma.cuh
 // (float32 / TF32, precise float32, dropout, any D % 8 == 0 up to 128). The backward prepares
-// delta = rowsum(dout * o) and a float32 dQ accumulator for whichever main pass runs, then writes dq
-// (unless the main pass wrote it: DqDirect).
+// delta = rowsum(dout * o) and a float32 dQ accumulator for whichever main pass runs, then writes dq.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -50,19 +49,15 @@ void backward_typed(int device, void* dq, void* dk, void* dv, const void* dout, 
                     const uint64_t* key) {
     cudaStream_t st = stream(device);
     int64_t rows = (int64_t)B * H * T_;
-    constexpr bool fast = std::is_same_v<T, __nv_bfloat16> && !DROPOUT;  // the wgmma and mma.sync paths
-    std::size_t delta_block = 0, acc_block = 0, tickets_block = 0;
+    std::size_t delta_block = 0, acc_block = 0;
     float* delta = (float*)device_alloc(sizeof(float) * std::max<int64_t>(rows, 1), device, &delta_block);
     float* dq_acc = (float*)device_alloc(sizeof(float) * std::max<int64_t>(rows * D, 1), device, &acc_block);
-    DqDirect direct{dq, lq, nullptr, false};
-    if (fast)
-        direct.tickets = (unsigned*)device_alloc(sizeof(unsigned) * B * H * ceil_div(T_, 16), device, &tickets_block);
-    attention_backward_prep_kernel<T><<<(unsigned)ceil_div(rows, 16), 256, 0, st>>>(
-        delta, dq_acc, direct.tickets, (const T*)dout, (const T*)o, lo, H, T_, D, rows);
+    attention_backward_prep_kernel<T><<<(unsigned)ceil_div(rows, 16), 256, 0, st>>>(delta, dq_acc, (const T*)dout,
+                                                                                    (const T*)o, lo, H, T_, D, rows);
     bool done = false;
-    if constexpr (fast)  // wgmma, then mma.sync
-        done = attention_backward_wgmma(&direct, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo,
-                                        B, H, T_, S, D, causal, scale) ||
+    if constexpr (std::is_same_v<T, __nv_bfloat16> && !DROPOUT)  // the fast paths: wgmma, then mma.sync
+        done = attention_backward_wgmma(device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H,
+                                        T_, S, D, causal, scale) ||
                attention_backward_mma(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T_, S, D,
                                       causal, scale);
     if (!done) {
@@ -74,12 +69,10 @@ void backward_typed(int device, void* dq, void* dk, void* dv, const void* dout, 
                                               (const T*)v, lse, delta, lq, lk, lv, lo, H, T_, S, D, causal, scale,
                                               rule, key);
     }
-    if (!direct.written)
-        attention_dq_kernel<T><<<blocks_for(rows * D / 8, 256), 256, 0, st>>>((T*)dq, dq_acc, lq, H, T_, D, scale,
-                                                                             rows * D / 8);
+    attention_dq_kernel<T><<<blocks_for(rows * D / 8, 256), 256, 0, st>>>((T*)dq, dq_acc, lq, H, T_, D, scale,
+                                                                         rows * D / 8);
     device_free(delta, delta_block, device);
     device_free(dq_acc, acc_block, device);
-    if (direct.tickets != nullptr) device_free(direct.tickets, tickets_block, device);
 }
 
 void check_shape(const char* op, int dtype, int D, int T_, int S) {

@@ -34,7 +34,6 @@
 #include "attention/attention_tiles.cuh"
 #include "attention/attention_wgmma.h"
 #include "attention/backward_wgmma.cuh"
-#include "attention/dq_tickets.cuh"
 #include "attention/softmax_wgmma.cuh"
 #include "attention/tma_tiles.cuh"
 #include "attention/wgmma.cuh"
@@ -80,17 +79,13 @@ __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_inde
 // Dq: the DqPath of dQ's partial sums; BRB: the query tile's rows (64, or 128 where dQ is split by rows);
 // Overlap: FlashAttention-3's order of a tile's steps (P^T computed while dP^T's product runs; dK's
 // product issued after dQ's, and dQ handed to dq_acc while dK's runs), else each step after the last.
-// Direct (dQ split and added by atomics): the warp that adds the last partial of 16 query rows writes
-// their dq (bf16, layout lq, times the scale) from dq_acc (dq_tickets.cuh), so that no pass over
-// dq_acc follows; `tickets` (B H ceil(Tq / 16), zeroed) count the partials.
-template <int D, int NWG, int Dq, int BRB, bool Overlap, bool Direct>
+template <int D, int NWG, int Dq, int BRB, bool Overlap>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     bwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, int rows_inner,
                   bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc,
                   const float* __restrict__ lse, const float* __restrict__ delta, AttnLayout lk, AttnLayout lv, int B,
-                  int H, int Tq, int S, bool causal, float scale, float scale2, unsigned* next_item,
-                  bf16* __restrict__ dq, AttnLayout lq, unsigned* tickets) {
+                  int H, int Tq, int S, bool causal, float scale, float scale2, unsigned* next_item) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BKB = 64 * NWG;
     using PD = Panels<D>;
@@ -100,7 +95,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     static_assert(BRB == 64 || (BRB == 128 && D == 64 && split_dq(Dq)), "query tiles of 128 split dQ by rows");
     static_assert(!split_dq(Dq) || (NWG == 2 && (D == 128) == (BRB == 64)),
                   "dQ split into a panel of columns (head dim 128) or of query rows (head dim 64) a consumer");
-    static_assert(!Direct || Dq == kDqSplitAtomic, "dq written by the warps that add dQ's partials");
     constexpr int NQ = BRB / 64;  // the query tile's 64-query halves (dS^T's tiles a consumer)
     constexpr uint32_t kDqRows = staged_dq(Dq) ? 64 * kDqStride : 0;  // a consumer's staged dQ panel
     constexpr uint32_t kSum = Dq == kDqSummed ? dq_sum_bytes(D) : 0;
@@ -281,18 +275,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 
     int e0 = 0;      // the block's first Q/dO entry of the current item
     int staged = 0;  // (summed) dQ partials this consumer has staged
-    // (Direct) this warp's tickets in flight. A group of 16 query rows takes a ticket from every key
-    // tile (item) that sees its query tile (those of keys before i0 + BRB + off under the causal mask)
-    // and, where dQ is split by columns, one from each of the P panels.
-    DqTickets dq_tickets;
-    auto last_ticket = [&](int row) {
-        const int i0 = row / BRB * BRB, keys = causal ? min(S, i0 + BRB + S - Tq) : S;
-        return (keys + BKB - 1) / BKB * (BRB == 128 ? 1 : P);
-    };
-    auto convert = [&](int bh, int row) {
-        convert_dq_rows<D>(dq + (bh / H) * lq.sb + (bh % H) * lq.sh + (int64_t)row * lq.st, lq.st,
-                           dq_acc + ((int64_t)bh * Tq + row) * D, min(16, Tq - row), scale, lane);
-    };
     for (int n = 0;; ++n) {
         const int buf = n & 1;
         tma::wait(kv_full(buf), (n >> 1) & 1);
@@ -370,15 +352,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     put_dq_rows(dq, rows, lane);
                     release(dq_full(c));
                     ++staged;
-                } else if constexpr (Dq == kDqBulk || Dq == kDqSplit) {
+                } else if constexpr (Dq == kDqBulk || Dq == kDqSplit)
                     reduce_dq(dq_bh + p * W, D, dq, i0 + 64 * h + warp * 16, Tq, rows, sDq, lane);
-                } else {
-                    const int row = i0 + 64 * h + warp * 16;
-                    if constexpr (Direct)
-                        dq_tickets.hand_off(row < Tq ? itm.bh * ((Tq + 15) / 16) + row / 16 : -1, tickets,
-                                            (Tq + 15) / 16, lane, last_ticket, convert);
-                    add_dq(dq_bh, D, dq, row, p * W, Tq, g, t);
-                }
+                else
+                    add_dq(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
             };
             auto finish = [&](float (&dq)[W / 8][4], bool first, bool last, int p, int h) {
                 wgmma::wait<0>();
@@ -445,7 +422,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         if constexpr (split_dq(Dq)) pair_sync();  // no dS^T of this item is read once the next one's are written
     }
     if constexpr (Dq == kDqBulk || Dq == kDqSplit) tma::wait_done<0>();  // the last reductions, before the block's shared memory goes
-    if constexpr (Direct) dq_tickets.flush(tickets, (Tq + 15) / 16, lane, last_ticket, convert);
 #else
     __trap();  // built without sm_90a: attention_backward_ws never launches this
 #endif
@@ -453,13 +429,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 
 unsigned* counters[64] = {};  // g_next_item's address on each device
 
-// dynamic: a persistent grid walking the items dynamically, else a block an item; direct (Direct only):
-// where dq goes, and whether it was written
-template <int D, int NWG, int Dq, int BRB = 64, bool Overlap = false, bool Direct = false>
-bool backward(bool dynamic, DqDirect* direct, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc,
-              const void* dout, const void* q, const void* k, const void* v, const float* lse, const float* delta,
-              AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal,
-              float scale) {
+// dynamic: a persistent grid walking the items dynamically, else a block an item
+template <int D, int NWG, int Dq, int BRB = 64, bool Overlap = false>
+bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
+              const void* q, const void* k, const void* v, const float* lse, const float* delta, AttnLayout lq,
+              AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
     constexpr int BKB = 64 * NWG;
     CUtensorMap mq, mk, mv, mdo;
     bool rq, rk, rv, rdo;
@@ -473,7 +447,7 @@ bool backward(bool dynamic, DqDirect* direct, int device, cudaStream_t st, void*
                       ds_buffers(Dq) * NWG * BRB * 128 +
                       (staged_dq(Dq) ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
                       2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
-    auto kernel = bwd_ws_kernel<D, NWG, Dq, BRB, Overlap, Direct>;
+    auto kernel = bwd_ws_kernel<D, NWG, Dq, BRB, Overlap>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
     // a block an item, or (dynamic) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(S, BKB) * B * H;
@@ -481,10 +455,7 @@ bool backward(bool dynamic, DqDirect* direct, int device, cudaStream_t st, void*
     const unsigned grid = (unsigned)(dynamic ? std::min<int64_t>(items, sm_count(device)) : items);
     kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, mdo, (int)rq | (int)rk << 1 | (int)rv << 2 | (int)rdo << 3,
                                                  (bf16*)dk, (bf16*)dv, dq_acc, lse, delta, lk, lv, B, H, T, S, causal,
-                                                 scale, scale * kLog2e, dynamic ? walk_counter(g_next_item, counters) : nullptr,
-                                                 Direct ? (bf16*)direct->dq : nullptr, Direct ? direct->lq : lq,
-                                                 Direct ? direct->tickets : nullptr);
-    if constexpr (Direct) direct->written = true;
+                                                 scale, scale * kLog2e, dynamic ? walk_counter(g_next_item, counters) : nullptr);
     return true;
 }
 
@@ -497,31 +468,20 @@ bool backward(bool dynamic, DqDirect* direct, int device, cudaStream_t st, void*
 // K and V have one buffer); + 128 query tiles of 128 with dQ split by query rows between the consumers
 // (head dim 64 and two consumers only; atomics, or with + 8 bulk reductions and a block an item);
 // + 256 FlashAttention-3's order of a tile's steps (kernels 57, 74 and those of + 128 only);
-// + 16 persistent with a dynamic walk; + 512 dq written by the kernel (dQ split and added by atomics
-// only: kernels 386, 402 and those of + 64 without + 8), where `direct` allows it: every query sees a
-// key (not causal, or S >= T), and dq's rows are 16-byte aligned. (+ 4, a persistent grid on a static
-// stride, is gone: 0.42-0.54 ms against 0.32-0.38 at gpt2_124m's shape.)
-bool attention_backward_ws(int kernel, DqDirect* direct, int device, cudaStream_t st, void* dk, void* dv,
-                           float* dq_acc, const void* dout, const void* q, const void* k, const void* v,
-                           const float* lse, const float* delta, AttnLayout lq, AttnLayout lk, AttnLayout lv,
-                           AttnLayout lo, int B, int H, int T, int S, int D, bool causal, float scale) {
+// + 16 persistent with a dynamic walk. (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54
+// ms against 0.32-0.38 at gpt2_124m's shape.)
+bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
+                           const void* q, const void* k, const void* v, const float* lse, const float* delta,
+                           AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
+                           int D, bool causal, float scale) {
     const int variant = kernel & 3;
     if (kernel & 4) return false;
-    const bool direct_ok = direct != nullptr && direct->dq != nullptr && direct->tickets != nullptr &&
-                           (!causal || S >= T) && aligned16(direct->dq, direct->lq);
     const bool dynamic = kernel & 16;
     const bool rows128 = kernel & 128;  // query tiles of 128, dQ split by rows
     const int dq = kernel & (64 | 128) ? (kernel & 8 ? kDqSplit : kDqSplitAtomic)
                    : kernel & 32 ? kDqSummed : kernel & 8 ? kDqBulk : kDqAtomic;
     if (split_dq(dq) && (D != (rows128 ? 64 : 128) || variant != 2 || (kernel & 64 && rows128))) return false;
-#define ARGS dynamic, direct, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
-    if (kernel & 512) {  // dq written by the kernel
-        if (dq != kDqSplitAtomic || rows128 != (bool)(kernel & 256)) return false;  // 898, 914; 578, 594
-        if (!direct_ok)  // the same kernel, then the pass over dq_acc
-            return rows128 ? backward<64, 2, kDqSplitAtomic, 128, true>(ARGS) : backward<128, 2, kDqSplitAtomic>(ARGS);
-        return rows128 ? backward<64, 2, kDqSplitAtomic, 128, true, true>(ARGS)
-                       : backward<128, 2, kDqSplitAtomic, 64, false, true>(ARGS);
-    }
+#define ARGS dynamic, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
     if (kernel & 256) {  // FlashAttention-3's order
         if (rows128)
             return dq == kDqSplit ? backward<64, 2, kDqSplit, 128, true>(ARGS)

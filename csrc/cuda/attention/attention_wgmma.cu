@@ -309,11 +309,10 @@ int forward_kernel_for(int D, int T) {
 }
 int backward_kernel_for(int D, int S) {
     if (g_backward_kernel >= 0) return g_backward_kernel;
-    // head dim 64: query tiles of 128 with dQ split by rows in FlashAttention-3's order, writing dq
-    // itself (914), from 1024 keys (402, the same with a pass over dq_acc after it: 0.314 against 0.320
-    // ms at B16 H12 T1024 on an H100), three consumers with dQ summed (57) below it (0.105 against 0.108
-    // at B64 H6 T256)
-    return D == 128 ? 74 : D == 64 ? (S >= 1024 ? 914 : S >= 256 ? 57 : 0) : 0;
+    // head dim 64: query tiles of 128 with dQ split by rows in FlashAttention-3's order (402) from 1024
+    // keys (0.314 against 0.320 ms at B16 H12 T1024 on an H100), three consumers with dQ summed (57)
+    // below it (0.105 against 0.108 at B64 H6 T256)
+    return D == 128 ? 74 : D == 64 ? (S >= 1024 ? 402 : S >= 256 ? 57 : 0) : 0;
 }
 
 bool usable(int device, int D) {
@@ -368,16 +367,16 @@ bool attention_forward_wgmma(int device, cudaStream_t st, void* o, float* lse, c
     return true;
 }
 
-bool attention_backward_wgmma(DqDirect* direct, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc,
-                              const void* dout, const void* q, const void* k, const void* v, const float* lse,
-                              const float* delta, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B,
-                              int H, int T, int S, int D_, bool causal, float scale) {
+bool attention_backward_wgmma(int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
+                              const void* q, const void* k, const void* v, const float* lse, const float* delta,
+                              AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
+                              int D_, bool causal, float scale) {
     if (!g_backward || !usable(device, D_) || !aligned16(q, lq) || !aligned16(k, lk) || !aligned16(v, lv) ||
         !aligned16(dout, lo))
         return false;
     const int kernel = backward_kernel_for(D_, S);
-    if (kernel != 0 && attention_backward_ws(kernel, direct, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk,
-                                             lv, lo, B, H, T, S, D_, causal, scale))
+    if (kernel != 0 && attention_backward_ws(kernel, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B,
+                                             H, T, S, D_, causal, scale))
         return true;
     if (D_ == 32) backward<32>(st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale);
     else if (D_ == 64)

@@ -10,16 +10,6 @@
 
 namespace engine {
 
-// Where the backward's main pass may write dq itself (bf16, layout lq: dq_acc times the scale) instead
-// of leaving it to a pass over dq_acc: attention_bwd_ws.cu's kernels + 512. tickets: B H ceil(T / 16)
-// counters, zeroed, of the partials added to each 16 query rows. written: set when the pass wrote dq.
-struct DqDirect {
-    void* dq;
-    AttnLayout lq;
-    unsigned* tickets;
-    bool written;
-};
-
 // whether this build has the kernel (ENGINE_CUDA_ARCHS with 90a)
 bool attention_wgmma_built();
 
@@ -53,17 +43,17 @@ bool attention_forward_wgmma(int device, cudaStream_t st, void* o, float* lse, c
                              int T, int S, int D, bool causal, float scale);
 
 // the backward's main pass, as attention_backward_mma: dk, dv (bf16) and dq_acc (float32, added to,
-// without the scale) from delta = rowsum(dout * o); and dq too where `direct` (may be null) says so
-bool attention_backward_wgmma(DqDirect* direct, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc,
-                              const void* dout, const void* q, const void* k, const void* v, const float* lse,
-                              const float* delta, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B,
-                              int H, int T, int S, int D, bool causal, float scale);
+// without the scale) from delta = rowsum(dout * o)
+bool attention_backward_wgmma(int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
+                              const void* q, const void* k, const void* v, const float* lse, const float* delta,
+                              AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
+                              int D, bool causal, float scale);
 
 // attention_bwd_ws.cu: the warp-specialised backward's main pass, as attention_backward_wgmma; false
 // where it does not apply
-bool attention_backward_ws(int kernel, DqDirect* direct, int device, cudaStream_t st, void* dk, void* dv,
-                           float* dq_acc, const void* dout, const void* q, const void* k, const void* v,
-                           const float* lse, const float* delta, AttnLayout lq, AttnLayout lk, AttnLayout lv,
-                           AttnLayout lo, int B, int H, int T, int S, int D, bool causal, float scale);
+bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
+                           const void* q, const void* k, const void* v, const float* lse, const float* delta,
+                           AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
+                           int D, bool causal, float scale);
 
 }  // namespace engine

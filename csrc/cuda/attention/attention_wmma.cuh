@@ -273,14 +273,12 @@ __device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&f)[8]) {
 }
 
 // delta (B*H, T) = rowsum(dout * o), and dQ's float32 accumulator dq_acc (B*H, T, D) zeroed beside
-// it (one pass instead of a memset and a pass), and (tickets, may be null) the counters of DqDirect
-// (attention_wgmma.h), one each 16 rows of a head. A half-warp per row, each lane 8 consecutive elements
+// it (one pass instead of a memset and a pass). A half-warp per row, each lane 8 consecutive elements
 // (16-byte loads, D % 8 == 0, D <= 128), so a row is read in one coalesced sweep.
 template <typename T>
 __global__ void attention_backward_prep_kernel(float* __restrict__ delta, float* __restrict__ dq_acc,
-                                               unsigned* __restrict__ tickets, const T* __restrict__ dout,
-                                               const T* __restrict__ o, AttnLayout lo, int H, int Tq, int D,
-                                               int64_t rows) {
+                                               const T* __restrict__ dout, const T* __restrict__ o, AttnLayout lo,
+                                               int H, int Tq, int D, int64_t rows) {
     int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4;
     int c = (threadIdx.x & 15) * 8;
     float s = 0.f;
@@ -295,7 +293,6 @@ __global__ void attention_backward_prep_kernel(float* __restrict__ delta, float*
         for (int i = 0; i < 8; ++i) s += a[i] * b[i];
         float4* acc = reinterpret_cast<float4*>(dq_acc + row * D + c);
         acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (tickets != nullptr && c == 0 && t % 16 == 0) tickets[bh * ((Tq + 15) / 16) + t / 16] = 0u;
     }
 #pragma unroll
     for (int m = 8; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);

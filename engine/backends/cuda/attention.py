@@ -293,10 +293,7 @@ BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64":
                     "ws 2x64 q128 split-dq": 130, "ws 2x64 q128 split-dq bulk": 138,
                     "ws 2x64 q128 split-dq dynamic": 146, "ws 3x64 summed-dq dynamic overlap": 313,
                     "ws 2x64 split-dq bulk overlap": 330, "ws 2x64 q128 split-dq overlap": 386,
-                    "ws 2x64 q128 split-dq bulk overlap": 394, "ws 2x64 q128 split-dq dynamic overlap": 402,
-                    "ws 2x64 split-dq direct-dq": 578, "ws 2x64 split-dq dynamic direct-dq": 594,
-                    "ws 2x64 q128 split-dq overlap direct-dq": 898,
-                    "ws 2x64 q128 split-dq dynamic overlap direct-dq": 914}
+                    "ws 2x64 q128 split-dq bulk overlap": 394, "ws 2x64 q128 split-dq dynamic overlap": 402}
 
 
 def attention_wgmma_backward_kernel(kernel: int) -> int:
