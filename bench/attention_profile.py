@@ -1,0 +1,63 @@
+"""One causal attention backward of the engine (the kernel it chooses by shape) and one of PyTorch's
+cuDNN backend, bf16, between cudaProfilerStart and cudaProfilerStop, for Nsight Compute to compare the
+kernels side by side (docs/performance.md, "Tenth session"):
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \\
+        --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \\
+        --csv --page details python bench/attention_profile.py > ncu.csv
+
+Both run twice first (kernel choice, cuDNN's plan, PyTorch's gradient buffers), so only the
+backward's own kernels fall in the profiled range.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's engine
+
+import engine  # noqa: E402
+from engine.backends import cuda as gpu  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--head-dim", type=int, default=64)
+    args = ap.parse_args()
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    B, H, T, D = args.batch, args.heads, args.seq, args.head_dim
+    scale = D ** -0.5
+    rng = np.random.default_rng(0)
+    q, k, v, g = (gpu.astype(gpu.from_numpy(rng.standard_normal((B, H, T, D)).astype(np.float32)), engine.bfloat16)
+                  for _ in range(4))
+    out, lse, _ = gpu.attention(q, k, v, True, scale)
+    tq, tk, tv = (torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    tg = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        for _ in range(2):
+            gpu.attention_backward(g, q, k, v, out, lse, True, scale)
+            F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(tg)
+        o = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+        for t in (tq, tk, tv):
+            t.grad = None  # no gradient accumulation kernels in the range
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        gpu.attention_backward(g, q, k, v, out, lse, True, scale)
+        torch.cuda.synchronize()
+        o.backward(tg)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+    print(f"profiled one backward each: B {B} H {H} T {T} D {D}, causal, bf16")
+
+
+if __name__ == "__main__":
+    main()
