@@ -23,16 +23,23 @@ import engine  # noqa: E402
 from engine.backends import cuda as gpu  # noqa: E402
 
 
-def main() -> None:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--head-dim", type=int, default=64)
-    args = ap.parse_args()
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    args = ap.parse_args(argv)
+    if not engine.cuda.is_available():
+        print(f"needs a GPU: {engine.cuda.unavailable_reason()}", file=sys.stderr)
+        return 1
+    try:
+        import torch
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as e:
+        print(f"needs PyTorch with CUDA for cuDNN's side ({e})", file=sys.stderr)
+        return 1
 
     B, H, T, D = args.batch, args.heads, args.seq, args.head_dim
     scale = D ** -0.5
@@ -57,7 +64,8 @@ def main() -> None:
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
     print(f"profiled one backward each: B {B} H {H} T {T} D {D}, causal, bf16")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
