@@ -337,11 +337,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             // 64 queries x a panel of W columns at a time. Once every product of the tile is done,
             // `settle` releases the Q/dO stage (first block) and, at the item's end, K and V (last);
             // `hand` adds the block of queries i0 + 64 h .., columns p W .. into dq_acc.
-            auto settle = [&](bool first, bool last, bool pa_free = false) {
+            auto settle = [&](bool first, bool last) {
                 wgmma::hold(dv_acc);
                 wgmma::hold(dk_acc);
                 if (first) {
-                    if (!pa_free) wgmma::hold(pa);
                     wgmma::hold(dsa);
                     release(empty(s));  // every product that reads this stage's Q and dO is done
                 }
@@ -363,6 +362,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             auto finish = [&](float (&dq)[W / 8][4], bool first, bool last, int p, int h) {
                 wgmma::wait<0>();
                 wgmma::hold(dq);
+                if (first) wgmma::hold(pa);  // dV's product, the last to read P^T, is done
                 settle(first, last);
                 hand(dq, p, h);
             };
@@ -377,7 +377,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     wgmma::hold(dq);
                     hand(dq, p, h);
                     wgmma::wait<0>();
-                    settle(true, true, true);
+                    settle(true, true);
                 } else {
                     finish(dq, true, true, p, h);
                 }
