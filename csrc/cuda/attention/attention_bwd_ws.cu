@@ -53,9 +53,11 @@ constexpr int kStages = 2;
 // columns, head dim 64 with query tiles of 128 by query rows): no partials across consumers, each
 // computing its own 64 x 64 of the tile's dQ over both consumers' keys (the other's dS read from
 // shared memory) and adding those into dq_acc by bulk reductions of its rows (kDqSplit) or by atomics
-// (kDqSplitAtomic: no staging, so that K and V keep two buffers)
-enum DqPath { kDqAtomic, kDqBulk, kDqSummed, kDqSplit, kDqSplitAtomic };
-constexpr bool split_dq(int Dq) { return Dq == kDqSplit || Dq == kDqSplitAtomic; }
+// (kDqSplitAtomic: no staging, so that K and V keep two buffers), or by TMA tensor reductions of tiles
+// staged in the dS^T buffer that the consumer's next tile writes (kDqSplitTma, query tiles of 128: no
+// staging memory of its own either)
+enum DqPath { kDqAtomic, kDqBulk, kDqSummed, kDqSplit, kDqSplitAtomic, kDqSplitTma };
+constexpr bool split_dq(int Dq) { return Dq == kDqSplit || Dq == kDqSplitAtomic || Dq == kDqSplitTma; }
 constexpr bool staged_dq(int Dq) { return Dq == kDqBulk || Dq == kDqSummed || Dq == kDqSplit; }
 // the summed tile (64 queries), rows of D floats back to back
 constexpr uint32_t dq_sum_bytes(int D) { return 64 * D * 4; }
@@ -83,8 +85,8 @@ __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_inde
 template <int D, int NWG, int Dq, int BRB, bool Overlap, bool Red4 = false>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     bwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, int rows_inner,
-                  bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc,
+                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                  const __grid_constant__ CUtensorMap tdq, int rows_inner, bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc,
                   const float* __restrict__ lse, const float* __restrict__ delta, AttnLayout lk, AttnLayout lv, int B,
                   int H, int Tq, int S, bool causal, float scale, float scale2, unsigned* next_item) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -94,6 +96,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     static_assert(Dq != kDqBulk || D == 64, "dQ by rows of 64 floats");
     static_assert(Dq != kDqSummed || D >= 64, "dQ summed a panel of 64 columns at a time");
     static_assert(BRB == 64 || (BRB == 128 && D == 64 && split_dq(Dq)), "query tiles of 128 split dQ by rows");
+    static_assert(Dq != kDqSplitTma || BRB == 128, "dQ's tiles staged in the other dS^T buffer of a query tile of 128");
     static_assert(!split_dq(Dq) || (NWG == 2 && (D == 128) == (BRB == 64)),
                   "dQ split into a panel of columns (head dim 128) or of query rows (head dim 64) a consumer");
     constexpr int NQ = BRB / 64;  // the query tile's 64-query halves (dS^T's tiles a consumer)
@@ -273,6 +276,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     auto wg_sync = [&] { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory"); };
     // (split dQ) both consumers' 256 threads: every dS^T of the tile stored, or an item done
     auto pair_sync = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(NWG + 2) : "memory"); };
+    // (dQ by TMA) the reductions of this warp's last staged dQ have read it, so that its rows of dS^T,
+    // where it was staged, may be stored
+    auto staging_read = [&] {
+        if constexpr (Dq == kDqSplitTma) {
+            if (lane == 0) tma::wait_read<0>();
+            __syncwarp();
+        }
+    };
 
     int e0 = 0;      // the block's first Q/dO entry of the current item
     int staged = 0;  // (summed) dQ partials this consumer has staged
@@ -321,6 +332,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 probs_t(st, sLse + s * BRB, full_tile, i0, key, S, causal, off, scale2, t, pa);
                 wgmma::wait<0>();
                 wgmma::hold(dpt);
+                staging_read();
                 dscores_t(st, dpt, sDelta + s * BRB, warp, g, t, ds_tile, dsa);
                 issue_key_grad<P, W, D>(dv_acc, pa, desc_do);
             } else {
@@ -328,6 +340,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 wgmma::wait<0>();
                 wgmma::hold(st);
                 wgmma::hold(dpt);
+                staging_read();
                 score_grads_t(st, dpt, sLse + s * BRB, sDelta + s * BRB, full_tile, i0, key, S, causal, off, scale2,
                               warp, g, t, ds_tile, pa, dsa);
                 issue_key_grads<P, W, D>(dv_acc, dk_acc, pa, dsa, desc_do, desc_q);
@@ -346,8 +359,17 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 }
                 if (last && j + 1 == ntiles) release(kv_empty(buf));  // and, at the end, with K and V
             };
-            auto hand = [&](float (&dq)[W / 8][4], int p, int h) {
-                if constexpr (Dq == kDqSummed) {
+            auto hand = [&](float (&dq)[W / 8][4], int p, int h, bool split) {
+                if constexpr (Dq == kDqSplitTma) {
+                    // (split) this warp's rows of the other dS^T buffer, the previous tile's, are free
+                    // until the next tile's dS^T is stored there (staging_read, above)
+                    const uint32_t half0 = sdS(ds_buf ^ 1, c) + warp * 2048, half1 = half0 + kPanel;
+                    if (split)
+                        reduce_dq_tiles(&tdq, dq, i0 + 64 * h + warp * 16, itm.bh, smem_raw + (half0 - smem_addr(smem_raw)),
+                                        smem_raw + (half1 - smem_addr(smem_raw)), half0, half1, lane);
+                    else  // consumer 0 alone: both halves of its dS^T are this tile's
+                        add_dq4(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
+                } else if constexpr (Dq == kDqSummed) {
                     tma::wait(dq_empty(c), (staged & 1) ^ 1);  // the summing warps have read the last one
                     put_dq_rows(dq, rows, lane);
                     release(dq_full(c));
@@ -359,27 +381,27 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 else
                     add_dq(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
             };
-            auto finish = [&](float (&dq)[W / 8][4], bool first, bool last, int p, int h) {
+            auto finish = [&](float (&dq)[W / 8][4], bool first, bool last, int p, int h, bool split = false) {
                 wgmma::wait<0>();
                 wgmma::hold(dq);
                 if (first) wgmma::hold(pa);  // dV's product, the last to read P^T, is done
                 settle(first, last);
-                hand(dq, p, h);
+                hand(dq, p, h, split);
             };
             // the tile's one block of dQ, issued: with Overlap, dK's product is issued behind it and the
             // block is handed to dq_acc while dK's runs
-            auto finish_one = [&](float (&dq)[W / 8][4], int p, int h) {
+            auto finish_one = [&](float (&dq)[W / 8][4], int p, int h, bool split) {
                 if constexpr (Overlap) {
                     wgmma::wait<1>();  // dV's product done: P^T's registers are free from here
                     wgmma::hold(pa);
                     issue_key_grad<P, W, D>(dk_acc, dsa, desc_q);
                     wgmma::wait<1>();  // dQ's done
                     wgmma::hold(dq);
-                    hand(dq, p, h);
+                    hand(dq, p, h, split);
                     wgmma::wait<0>();
                     settle(true, true);
                 } else {
-                    finish(dq, true, true, p, h);
+                    finish(dq, true, true, p, h, split);
                 }
             };
             if constexpr (split_dq(Dq)) {
@@ -396,7 +418,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     issue_dq_panel<W, NWG>(dq, {wgmma::desc(sdS(ds_buf, 0) + h * kPanel),
                                                 wgmma::desc(sdS(ds_buf, 1) + h * kPanel)},
                                            {wgmma::desc(kp), wgmma::desc(kp + kPanel)});
-                    finish_one(dq, p, h);
+                    finish_one(dq, p, h, true);
                     continue;  // the next tile's dS^T goes to the other buffer: the next barrier orders it
                 }
             }
@@ -404,7 +426,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             if constexpr (NQ * P == 1) {
                 float dq[W / 8][4];
                 issue_dq_panel<W>(dq, wgmma::desc(sdS(ds_buf, c)), desc_k[0]);
-                finish_one(dq, 0, 0);
+                finish_one(dq, 0, 0, false);
             } else {
                 if constexpr (Overlap) issue_key_grad<P, W, D>(dk_acc, dsa, desc_q);
 #pragma unroll
@@ -424,7 +446,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         e0 += ntiles;
         if constexpr (split_dq(Dq)) pair_sync();  // no dS^T of this item is read once the next one's are written
     }
-    if constexpr (Dq == kDqBulk || Dq == kDqSplit) tma::wait_done<0>();  // the last reductions, before the block's shared memory goes
+    if constexpr (Dq == kDqBulk || Dq == kDqSplit || Dq == kDqSplitTma) tma::wait_done<0>();  // the last reductions, before the block's shared memory goes
 #else
     __trap();  // built without sm_90a: attention_backward_ws never launches this
 #endif
@@ -443,6 +465,12 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
     if (!make_map(&mq, &rq, q, lq, B, H, T, D, BRB) || !make_map(&mk, &rk, k, lk, B, H, S, D, BKB) ||
         !make_map(&mv, &rv, v, lv, B, H, S, D, BKB) || !make_map(&mdo, &rdo, dout, lo, B, H, T, D, BRB))
         return false;
+    CUtensorMap mdq{};  // (dQ by TMA) dq_acc (B H, T, D) float32, boxes of 16 rows x 32 columns
+    if constexpr (Dq == kDqSplitTma) {
+        const uint64_t dims[3] = {(uint64_t)D, (uint64_t)T, (uint64_t)B * H}, strides[2] = {4 * (uint64_t)D, 4 * (uint64_t)T * D};
+        const uint32_t box[3] = {32, 16, 1};
+        if (!tma::encode_f32(&mdq, dq_acc, 3, dims, strides, box)) return false;
+    }
     // K, V [kv_buffers](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer, and their sum; lse,
     // delta [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
     constexpr int kKv = kv_buffers(D, Dq, BRB);
@@ -456,7 +484,7 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
     const int64_t items = (int64_t)ceil_div(S, BKB) * B * H;
     if (kKv == 1) dynamic = false;  // a walk would reuse the one K/V buffer
     const unsigned grid = (unsigned)(dynamic ? std::min<int64_t>(items, sm_count(device)) : items);
-    kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, mdo, (int)rq | (int)rk << 1 | (int)rv << 2 | (int)rdo << 3,
+    kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, mdo, mdq, (int)rq | (int)rk << 1 | (int)rv << 2 | (int)rdo << 3,
                                                  (bf16*)dk, (bf16*)dv, dq_acc, lse, delta, lk, lv, B, H, T, S, causal,
                                                  scale, scale * kLog2e, dynamic ? walk_counter(g_next_item, counters) : nullptr);
     return true;
@@ -471,7 +499,8 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 // K and V have one buffer); + 128 query tiles of 128 with dQ split by query rows between the consumers
 // (head dim 64 and two consumers only; atomics, or with + 8 bulk reductions and a block an item);
 // + 256 FlashAttention-3's order of a tile's steps (kernels 57, 74 and those of + 128 only);
-// + 16 persistent with a dynamic walk; + 1024 dQ's atomics four columns at a time (402 only: 1426).
+// + 16 persistent with a dynamic walk; + 1024 dQ's atomics four columns at a time (402 only: 1426);
+// + 2048 dQ by TMA tensor reductions of tiles staged in the other dS^T buffer (402 only: 2450).
 // (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54
 // ms against 0.32-0.38 at gpt2_124m's shape.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
@@ -488,6 +517,7 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
 #define ARGS dynamic, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
     if (kernel & 1024)
         return kernel == 1426 && D == 64 ? backward<64, 2, kDqSplitAtomic, 128, true, true>(ARGS) : false;
+    if (kernel & 2048) return kernel == 2450 && D == 64 ? backward<64, 2, kDqSplitTma, 128, true>(ARGS) : false;
     if (kernel & 256) {  // FlashAttention-3's order
         if (rows128)
             return dq == kDqSplit ? backward<64, 2, kDqSplit, 128, true>(ARGS)

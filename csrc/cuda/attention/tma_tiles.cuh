@@ -83,6 +83,32 @@ __device__ __forceinline__ void reduce_dq(float* dq_cols, int ld, const float (&
     }
 }
 
+// The same 16 x 64 of dQ added by two TMA tensor reductions instead (`map`: dq_acc as float32 (D,
+// Tq, B H), boxes of 32 columns x 16 rows): the warp's rows staged as two boxes of 128-byte rows, columns
+// 0 .. 31 at `half0` and 32 .. 63 at `half1` (each 1024-byte aligned, in the 128-byte swizzle: chunk
+// c of row r at chunk c ^ (r % 8), so that a half-warp's float2 stores meet no bank twice), then lane
+// 0 hands both to the L2 as one bulk group. Rows past Tq are the tensor's out-of-bounds: left out.
+// The staging may be rewritten once lane 0's tma::wait_read says the group has read it.
+__device__ __forceinline__ void reduce_dq_tiles(const CUtensorMap* map, const float (&dq)[8][4], int qrow, int bh,
+                                                unsigned char* half0, unsigned char* half1, uint32_t half0_addr,
+                                                uint32_t half1_addr, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // columns 8 j + 2 t, + 1: chunk 2 (j % 4) + t / 2 of its half
+        unsigned char* const half = j < 4 ? half0 : half1;
+        const int at = (((2 * (j & 3) + (t >> 1)) ^ g) << 4) + (t & 1) * 8;  // rows g and g + 8 swizzle alike
+        *reinterpret_cast<float2*>(half + g * 128 + at) = make_float2(dq[j][0], dq[j][1]);
+        *reinterpret_cast<float2*>(half + (g + 8) * 128 + at) = make_float2(dq[j][2], dq[j][3]);
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before the bulk reads
+    __syncwarp();
+    if (lane == 0) {
+        tma::reduce_add_3d(map, half0_addr, 0, qrow, bh);
+        tma::reduce_add_3d(map, half1_addr, 32, qrow, bh);
+        tma::commit();
+    }
+}
+
 __device__ __forceinline__ float4 ld_shared_f4(uint32_t addr) {
     float4 v;
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");

@@ -57,6 +57,14 @@ __device__ __forceinline__ void reduce_add_f32(float* dst, uint32_t src, uint32_
                  "r"(bytes)
                  : "memory");
 }
+// the box of `map` (a float32 tensor, runtime/tma.h's encode_f32) at coordinates (c0 innermost .. c2)
+// += shared address src (1024-byte aligned, in the 128-byte swizzle), added by the L2; out-of-bounds
+// elements are left out. Asynchronous: a bulk group of this thread's, which commit() closes
+__device__ __forceinline__ void reduce_add_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
 __device__ __forceinline__ void commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // until at most N of this thread's bulk groups are still reading their shared memory
 template <int N>

@@ -14,6 +14,9 @@ namespace tma {
 // <= 128 bytes). Shared-memory layout of a box: the 128-byte swizzle; out-of-bounds elements load as
 // zeros. False where the driver has no TMA or declines the layout (the caller takes another path).
 bool encode_bf16(CUtensorMap* map, const void* base, int rank, const uint64_t* dims, const uint64_t* strides, const uint32_t* box);
+// The same for a float32 tensor (strides multiples of 16 bytes, box[0] * 4 <= 128 bytes): the maps of
+// the TMA reductions into float32 accumulators (runtime/tma.cuh's reduce_add_3d).
+bool encode_f32(CUtensorMap* map, const void* base, int rank, const uint64_t* dims, const uint64_t* strides, const uint32_t* box);
 
 }  // namespace tma
 }  // namespace engine
