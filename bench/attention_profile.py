@@ -1,4 +1,4 @@
-"""One causal attention backward of the engine (the kernel it chooses by shape) and one of PyTorch's
+"""One causal attention backward of the engine (the kernel it chooses by shape, or --backward-kernel) and one of PyTorch's
 cuDNN backend, bf16, between cudaProfilerStart and cudaProfilerStop, for Nsight Compute to compare the
 kernels side by side (docs/performance.md, "Tenth session"):
 
@@ -29,6 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--backward-kernel", default="by shape", choices=list(gpu.BACKWARD_KERNELS), metavar="NAME",
+                    help="the engine's Hopper backward kernel (a name of engine.backends.cuda.BACKWARD_KERNELS)")
     args = ap.parse_args(argv)
     if not engine.cuda.is_available():
         print(f"needs a GPU: {engine.cuda.unavailable_reason()}", file=sys.stderr)
@@ -42,6 +44,7 @@ def main(argv=None) -> int:
         return 1
 
     B, H, T, D = args.batch, args.heads, args.seq, args.head_dim
+    previous = gpu.attention_wgmma_backward_kernel(gpu.BACKWARD_KERNELS[args.backward_kernel])
     scale = D ** -0.5
     rng = np.random.default_rng(0)
     q, k, v, g = (gpu.astype(gpu.from_numpy(rng.standard_normal((B, H, T, D)).astype(np.float32)), engine.bfloat16)
@@ -63,7 +66,8 @@ def main(argv=None) -> int:
         o.backward(tg)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
-    print(f"profiled one backward each: B {B} H {H} T {T} D {D}, causal, bf16")
+    gpu.attention_wgmma_backward_kernel(previous)
+    print(f"profiled one backward each: B {B} H {H} T {T} D {D}, causal, bf16 (engine: {args.backward_kernel})")
     return 0
 
 
