@@ -81,8 +81,7 @@ __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_inde
 // Dq: the DqPath of dQ's partial sums; BRB: the query tile's rows (64, or 128 where dQ is split by rows);
 // Overlap: FlashAttention-3's order of a tile's steps (P^T computed while dP^T's product runs; dK's
 // product issued after dQ's, and dQ handed to dq_acc while dK's runs), else each step after the last.
-// Red4 (atomics only): four columns an atomic (attn::add_dq4) instead of two.
-template <int D, int NWG, int Dq, int BRB, bool Overlap, bool Red4 = false>
+template <int D, int NWG, int Dq, int BRB, bool Overlap>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     bwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
@@ -368,7 +367,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                         reduce_dq_tiles(&tdq, dq, i0 + 64 * h + warp * 16, itm.bh, smem_raw + (half0 - smem_addr(smem_raw)),
                                         smem_raw + (half1 - smem_addr(smem_raw)), half0, half1, lane);
                     else  // consumer 0 alone: both halves of its dS^T are this tile's
-                        add_dq4(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
+                        add_dq(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
                 } else if constexpr (Dq == kDqSummed) {
                     tma::wait(dq_empty(c), (staged & 1) ^ 1);  // the summing warps have read the last one
                     put_dq_rows(dq, rows, lane);
@@ -376,8 +375,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     ++staged;
                 } else if constexpr (Dq == kDqBulk || Dq == kDqSplit)
                     reduce_dq(dq_bh + p * W, D, dq, i0 + 64 * h + warp * 16, Tq, rows, sDq, lane);
-                else if constexpr (Red4)
-                    add_dq4(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
                 else
                     add_dq(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
             };
@@ -455,7 +452,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 unsigned* counters[64] = {};  // g_next_item's address on each device
 
 // dynamic: a persistent grid walking the items dynamically, else a block an item
-template <int D, int NWG, int Dq, int BRB = 64, bool Overlap = false, bool Red4 = false>
+template <int D, int NWG, int Dq, int BRB = 64, bool Overlap = false>
 bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
               const void* q, const void* k, const void* v, const float* lse, const float* delta, AttnLayout lq,
               AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, bool causal, float scale) {
@@ -478,7 +475,7 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
                       ds_buffers(Dq) * NWG * BRB * 128 +
                       (staged_dq(Dq) ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
                       2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
-    auto kernel = bwd_ws_kernel<D, NWG, Dq, BRB, Overlap, Red4>;
+    auto kernel = bwd_ws_kernel<D, NWG, Dq, BRB, Overlap>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
     // a block an item, or (dynamic) at most a block an SM walking the items
     const int64_t items = (int64_t)ceil_div(S, BKB) * B * H;
@@ -499,8 +496,9 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 // K and V have one buffer); + 128 query tiles of 128 with dQ split by query rows between the consumers
 // (head dim 64 and two consumers only; atomics, or with + 8 bulk reductions and a block an item);
 // + 256 FlashAttention-3's order of a tile's steps (kernels 57, 74 and those of + 128 only);
-// + 16 persistent with a dynamic walk; + 1024 dQ's atomics four columns at a time (402 only: 1426);
-// + 2048 dQ by TMA tensor reductions of tiles staged in the other dS^T buffer (402 only: 2450).
+// + 16 persistent with a dynamic walk; + 2048 dQ by TMA tensor reductions of tiles staged in the other
+// dS^T buffer (402 only: 2450). (+ 1024, dQ's atomics four columns at a time, is gone: 0.322 ms against
+// 402's 0.314 at gpt2_124m's shape.)
 // (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54
 // ms against 0.32-0.38 at gpt2_124m's shape.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
@@ -515,8 +513,6 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
                    : kernel & 32 ? kDqSummed : kernel & 8 ? kDqBulk : kDqAtomic;
     if (split_dq(dq) && (D != (rows128 ? 64 : 128) || variant != 2 || (kernel & 64 && rows128))) return false;
 #define ARGS dynamic, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
-    if (kernel & 1024)
-        return kernel == 1426 && D == 64 ? backward<64, 2, kDqSplitAtomic, 128, true, true>(ARGS) : false;
     if (kernel & 2048) return kernel == 2450 && D == 64 ? backward<64, 2, kDqSplitTma, 128, true>(ARGS) : false;
     if (kernel & 256) {  // FlashAttention-3's order
         if (rows128)

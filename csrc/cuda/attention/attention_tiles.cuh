@@ -178,32 +178,6 @@ __device__ __forceinline__ void add_dq(float* dq_bh, int D, const float (&dq)[N]
     }
 }
 
-// The same adds four columns an instruction (sm_90's red.global.add.v4.f32: half the instructions
-// in the load/store queue): lanes t and t ^ 1 swap halves first, so that an even t holds row g's
-// columns 2 t .. 2 t + 3 of each fragment and an odd t row g + 8's columns 2 t - 2 .. 2 t + 1. Needs
-// dq_bh's rows 16-byte aligned (D and c0 multiples of 4).
-template <int N>
-__device__ __forceinline__ void add_dq4(float* dq_bh, int D, const float (&dq)[N][4], int qrow, int c0, int Tq, int g,
-                                        int t) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const bool odd = t & 1;
-    const int qi = qrow + g + (odd ? 8 : 0);
-    float* const dst = dq_bh + (int64_t)qi * D + c0 + 2 * (t & ~1);
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-        const float r0 = __shfl_xor_sync(0xffffffffu, odd ? dq[j][0] : dq[j][2], 1);
-        const float r1 = __shfl_xor_sync(0xffffffffu, odd ? dq[j][1] : dq[j][3], 1);
-        const float4 v = odd ? make_float4(r0, r1, dq[j][2], dq[j][3]) : make_float4(dq[j][0], dq[j][1], r0, r1);
-        if (qi < Tq)
-            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + j * 8), "f"(v.x), "f"(v.y),
-                         "f"(v.z), "f"(v.w)
-                         : "memory");
-    }
-#else
-    add_dq(dq_bh, D, dq, qrow, c0, Tq, g, t);
-#endif
-}
-
 // the 16-byte copies need 16-byte aligned rows: base pointer and every stride a multiple of 8 elements
 inline bool aligned16(const void* p, AttnLayout l) {
     return reinterpret_cast<std::uintptr_t>(p) % 16 == 0 && l.sb % 8 == 0 && l.sh % 8 == 0 && l.st % 8 == 0;

@@ -285,8 +285,8 @@ def attention_wgmma_forward_kernel(kernel: int) -> int:
 # only) over query tiles of 128 split by rows between the two consumers (each consumer's 64 queries over
 # both consumers' keys), a block a work item or at most a block an SM walking them (dynamic: each block
 # taking the next unclaimed item); overlap: FlashAttention-3's order of a tile's steps (P computed while dP's
-# product runs, dQ handed off while dK's runs); red4: dQ's atomics four columns at a time; tma-dq: dQ by
-# TMA tensor reductions of tiles staged where the consumer's next dS^T goes
+# product runs, dQ handed off while dK's runs); tma-dq: dQ by TMA tensor reductions of tiles staged where
+# the consumer's next dS^T goes
 BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64": 2, "ws 3x64 bulk-dq": 9,
                     "ws 2x64 bulk-dq": 10, "ws 2x64 dynamic": 18, "ws 3x64 bulk-dq dynamic": 25,
                     "ws 3x64 summed-dq": 41, "ws 2x64 summed-dq": 42, "ws 3x64 summed-dq dynamic": 57,
@@ -295,7 +295,6 @@ BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64":
                     "ws 2x64 q128 split-dq dynamic": 146, "ws 3x64 summed-dq dynamic overlap": 313,
                     "ws 2x64 split-dq bulk overlap": 330, "ws 2x64 q128 split-dq overlap": 386,
                     "ws 2x64 q128 split-dq bulk overlap": 394, "ws 2x64 q128 split-dq dynamic overlap": 402,
-                    "ws 2x64 q128 split-dq dynamic overlap red4": 1426,
                     "ws 2x64 q128 split-dq dynamic overlap tma-dq": 2450}
 
 
