@@ -283,6 +283,17 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             __syncwarp();
         }
     };
+    // (dQ by TMA) the warp's staged dQ not yet handed to the L2: where, its first query row, (batch, head)
+    bool dq_pending = false;
+    uint32_t staged_at = 0;
+    int staged_row = 0, staged_bh = 0;
+    auto flush_dq = [&] {
+        if constexpr (Dq == kDqSplitTma)
+            if (dq_pending) {
+                reduce_dq_tiles(&tdq, staged_row, staged_bh, staged_at, staged_at + kPanel, lane);
+                dq_pending = false;
+            }
+    };
 
     int e0 = 0;      // the block's first Q/dO entry of the current item
     int staged = 0;  // (summed) dQ partials this consumer has staged
@@ -294,6 +305,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         const Item itm = item(index);
         const int kc0 = itm.k0 + 64 * c, ntiles = itm.ntiles, skip = skipped(itm, c);
         const int skip_last = skipped(itm, NWG - 1);  // (split dQ) tiles from here on, both consumers compute
+        // (split dQ) consumer 0 writes its dS^T of a tile into the buffer that the other consumer read two
+        // tiles before: the pair's barrier of the tile between orders the two, where that tile is split.
+        // Where it is not (the first of an item that consumer 0 starts alone), this barrier does.
+        if constexpr (split_dq(Dq))
+            if (skip_last > 0) pair_sync();
         float* dq_bh = dq_acc + (int64_t)itm.bh * Tq * D;
         float dk_acc[D / 8][4], dv_acc[D / 8][4];
         zero(dk_acc);
@@ -326,6 +342,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 // FlashAttention-3's order: P^T while dP^T's product runs, dS^T stored before dV's product
                 // is issued, dK's after dQ's (below)
                 issue_scores_t<P, W, BRB / 8, true>(st, dpt, desc_k, desc_q, desc_v, desc_do);
+                flush_dq();  // the last tile's dQ, while this one's products run
                 wgmma::wait<1>();
                 wgmma::hold(st);
                 probs_t(st, sLse + s * BRB, full_tile, i0, key, S, causal, off, scale2, t, pa);
@@ -336,6 +353,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 issue_key_grad<P, W, D>(dv_acc, pa, desc_do);
             } else {
                 issue_scores_t<P, W>(st, dpt, desc_k, desc_q, desc_v, desc_do);
+                flush_dq();
                 wgmma::wait<0>();
                 wgmma::hold(st);
                 wgmma::hold(dpt);
@@ -361,12 +379,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             auto hand = [&](float (&dq)[W / 8][4], int p, int h, bool split) {
                 if constexpr (Dq == kDqSplitTma) {
                     // (split) this warp's rows of the other dS^T buffer, the previous tile's, are free
-                    // until the next tile's dS^T is stored there (staging_read, above)
-                    const uint32_t half0 = sdS(ds_buf ^ 1, c) + warp * 2048, half1 = half0 + kPanel;
-                    if (split)
-                        reduce_dq_tiles(&tdq, dq, i0 + 64 * h + warp * 16, itm.bh, smem_raw + (half0 - smem_addr(smem_raw)),
-                                        smem_raw + (half1 - smem_addr(smem_raw)), half0, half1, lane);
-                    else  // consumer 0 alone: both halves of its dS^T are this tile's
+                    // until the next tile's dS^T is stored there (staging_read, above); handed to the L2
+                    // after the next tile's products are issued (flush_dq)
+                    const uint32_t half0 = sdS(ds_buf ^ 1, c) + warp * 2048;
+                    if (split) {
+                        stage_dq_tiles(dq, smem_raw + (half0 - smem_addr(smem_raw)),
+                                       smem_raw + (half0 + kPanel - smem_addr(smem_raw)), lane);
+                        dq_pending = true, staged_at = half0, staged_row = i0 + 64 * h + warp * 16, staged_bh = itm.bh;
+                    } else  // consumer 0 alone: both halves of its dS^T are this tile's
                         add_dq(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
                 } else if constexpr (Dq == kDqSummed) {
                     tma::wait(dq_empty(c), (staged & 1) ^ 1);  // the summing warps have read the last one
@@ -437,11 +457,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             }
             if constexpr (!split_dq(Dq)) wg_sync();  // dS^T is rewritten next (split: it has two buffers)
         }
+        flush_dq();  // the item's last tile's
         if (kc0 < S)
             store_key_grads<D>(dk + itm.b * lk.sb + itm.h * lk.sh, lk.st, dv + itm.b * lv.sb + itm.h * lv.sh, lv.st,
                                dk_acc, dv_acc, key, S, t, scale);
         e0 += ntiles;
-        if constexpr (split_dq(Dq)) pair_sync();  // no dS^T of this item is read once the next one's are written
     }
     if constexpr (Dq == kDqBulk || Dq == kDqSplit || Dq == kDqSplitTma) tma::wait_done<0>();  // the last reductions, before the block's shared memory goes
 #else

@@ -83,15 +83,16 @@ __device__ __forceinline__ void reduce_dq(float* dq_cols, int ld, const float (&
     }
 }
 
-// The same 16 x 64 of dQ added by two TMA tensor reductions instead (`map`: dq_acc as float32 (D,
-// Tq, B H), boxes of 32 columns x 16 rows): the warp's rows staged as two boxes of 128-byte rows, columns
-// 0 .. 31 at `half0` and 32 .. 63 at `half1` (each 1024-byte aligned, in the 128-byte swizzle: chunk
-// c of row r at chunk c ^ (r % 8), so that a half-warp's float2 stores meet no bank twice), then lane
-// 0 hands both to the L2 as one bulk group. Rows past Tq are the tensor's out-of-bounds: left out.
-// The staging may be rewritten once lane 0's tma::wait_read says the group has read it.
-__device__ __forceinline__ void reduce_dq_tiles(const CUtensorMap* map, const float (&dq)[8][4], int qrow, int bh,
-                                                unsigned char* half0, unsigned char* half1, uint32_t half0_addr,
-                                                uint32_t half1_addr, int lane) {
+// The same 16 x 64 of dQ added by two TMA tensor reductions instead (dq_acc's map: float32 (D, Tq,
+// B H), boxes of 32 columns x 16 rows). stage_dq_tiles writes the warp's rows as two boxes of 128-byte
+// rows, columns 0 .. 31 at `half0` and 32 .. 63 at `half1` (each 1024-byte aligned, in the 128-byte
+// swizzle: chunk c of row r at chunk c ^ (r % 8), so that a half-warp's float2 stores meet no bank
+// twice); reduce_dq_tiles, called later (once the stores have had time to land, so that the fence
+// between them and the bulk reads waits for nothing), has lane 0 hand both boxes to the L2 as one bulk
+// group. Rows past Tq are the tensor's out-of-bounds: left out. The staging may be rewritten once
+// lane 0's tma::wait_read says the group has read it.
+__device__ __forceinline__ void stage_dq_tiles(const float (&dq)[8][4], unsigned char* half0, unsigned char* half1,
+                                               int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {  // columns 8 j + 2 t, + 1: chunk 2 (j % 4) + t / 2 of its half
@@ -100,6 +101,9 @@ __device__ __forceinline__ void reduce_dq_tiles(const CUtensorMap* map, const fl
         *reinterpret_cast<float2*>(half + g * 128 + at) = make_float2(dq[j][0], dq[j][1]);
         *reinterpret_cast<float2*>(half + (g + 8) * 128 + at) = make_float2(dq[j][2], dq[j][3]);
     }
+}
+__device__ __forceinline__ void reduce_dq_tiles(const CUtensorMap* map, int qrow, int bh, uint32_t half0_addr,
+                                                uint32_t half1_addr, int lane) {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before the bulk reads
     __syncwarp();
     if (lane == 0) {
