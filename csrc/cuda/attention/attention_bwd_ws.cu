@@ -341,7 +341,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             if constexpr (Overlap) {
                 // FlashAttention-3's order: P^T while dP^T's product runs, dS^T stored before dV's product
                 // is issued, dK's after dQ's (below)
-                issue_scores_t<P, W, BRB / 8, true>(st, dpt, desc_k, desc_q, desc_v, desc_do);
+                // dP^T's accumulator starts at -delta, set while S^T's product runs
+                issue_scores_t<P, W, BRB / 8, true, true>(st, dpt, desc_k, desc_q, desc_v, desc_do, sDelta + s * BRB, t);
                 flush_dq();  // the last tile's dQ, while this one's products run
                 wgmma::wait<1>();
                 wgmma::hold(st);
@@ -349,7 +350,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 wgmma::wait<0>();
                 wgmma::hold(dpt);
                 staging_read();
-                dscores_t(st, dpt, sDelta + s * BRB, warp, g, t, ds_tile, dsa);
+                dscores_t(st, dpt, nullptr, warp, g, t, ds_tile, dsa);
                 issue_key_grad<P, W, D>(dv_acc, pa, desc_do);
             } else {
                 issue_scores_t<P, W>(st, dpt, desc_k, desc_q, desc_v, desc_do);

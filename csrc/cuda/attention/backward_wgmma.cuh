@@ -13,22 +13,43 @@
 namespace engine {
 namespace attn {
 
+// dP^T's accumulator set to -delta (each column its query's: fragment j's columns j * 8 + 2 t, + 1),
+// so that V dO^T added onto it (issue_scores_t's DeltaFirst) leaves dP^T - delta, and dS^T needs no
+// load of delta after the product
+template <int N>
+__device__ __forceinline__ void minus_delta(float (&dpt)[N][4], const float* deltas, int t) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        const float2 d = *reinterpret_cast<const float2*>(deltas + j * 8 + 2 * t);
+        dpt[j][0] = dpt[j][2] = -d.x;
+        dpt[j][1] = dpt[j][3] = -d.y;
+    }
+}
+
 // S^T = K Q^T and dP^T = V dO^T (64 keys x 8 N queries each), issued and committed as one group, or
-// (Apart) as two, S^T's first, so that a wait for one group leaves dP^T's product running
-template <int P, int W, int N, bool Apart = false>
+// (Apart) as two, S^T's first, so that a wait for one group leaves dP^T's product running. With
+// DeltaFirst (and Apart) dP^T's accumulator is set to -delta between the two (minus_delta).
+template <int P, int W, int N, bool Apart = false, bool DeltaFirst = false>
 __device__ __forceinline__ void issue_scores_t(float (&st)[N][4], float (&dpt)[N][4], const uint64_t (&desc_k)[P],
                                                const uint64_t (&desc_q)[P], const uint64_t (&desc_v)[P],
-                                               const uint64_t (&desc_do)[P]) {
+                                               const uint64_t (&desc_do)[P], const float* deltas = nullptr,
+                                               int t = 0) {
+    static_assert(Apart || !DeltaFirst, "dP^T's accumulator is set while S^T's product runs");
     wgmma::fence();
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
         for (int kk = 0; kk < W / 16; ++kk) wgmma::mma_ss(st, desc_k[p] + 2 * kk, desc_q[p] + 2 * kk, p > 0 || kk > 0);
     if constexpr (Apart) wgmma::commit();
+    if constexpr (DeltaFirst) {
+        minus_delta(dpt, deltas, t);
+        wgmma::fence();  // the accumulator's registers, before the product reads them
+    }
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
-        for (int kk = 0; kk < W / 16; ++kk) wgmma::mma_ss(dpt, desc_v[p] + 2 * kk, desc_do[p] + 2 * kk, p > 0 || kk > 0);
+        for (int kk = 0; kk < W / 16; ++kk)
+            wgmma::mma_ss(dpt, desc_v[p] + 2 * kk, desc_do[p] + 2 * kk, DeltaFirst || p > 0 || kk > 0);
     wgmma::commit();
 }
 
@@ -53,13 +74,19 @@ __device__ __forceinline__ void probs_frag(float (&p)[4], const float (&s)[4], c
     }
 }
 // fragment j of dS^T = P^T (dP^T - delta) -> its bf16 A-fragment half in dsa and the swizzled tiles at sdS
+// (deltas null: dp holds dP^T - delta already)
 template <int K>
 __device__ __forceinline__ void dscores_frag(uint32_t (&dsa)[K][4], const float (&p)[4], const float (&dp)[4],
                                              const float* deltas, int j, int warp, int g, int t, unsigned char* sdS) {
-    const float2 delta2 = *reinterpret_cast<const float2*>(deltas + j * 8 + 2 * t);
     float ds[4];
+    if (deltas == nullptr) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) ds[e] = p[e] * (dp[e] - (e & 1 ? delta2.y : delta2.x));
+        for (int e = 0; e < 4; ++e) ds[e] = p[e] * dp[e];
+    } else {
+        const float2 delta2 = *reinterpret_cast<const float2*>(deltas + j * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ds[e] = p[e] * (dp[e] - (e & 1 ? delta2.y : delta2.x));
+    }
     dsa[j >> 1][(j & 1) * 2] = pack_bf16(ds[0], ds[1]);
     dsa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
     // rows r0 and r0 + 8 of dS^T; columns j * 8 + 2 t, + 1: chunk j % 8 of the tile of 64 queries j / 8
@@ -99,7 +126,8 @@ __device__ __forceinline__ void probs_t(float (&st)[N][4], const float* lse2s, b
     }
     to_a_frags(pa, st);
 }
-// ... then dS^T = P^T (dP^T - delta) from P^T (pt), as bf16 A-fragments dsa and stored at sdS
+// ... then dS^T = P^T (dP^T - delta) from P^T (pt), as bf16 A-fragments dsa and stored at sdS (deltas
+// null: dpt holds dP^T - delta already)
 template <int N>
 __device__ __forceinline__ void dscores_t(const float (&pt)[N][4], const float (&dpt)[N][4], const float* deltas,
                                           int warp, int g, int t, unsigned char* sdS, uint32_t (&dsa)[N / 2][4]) {
