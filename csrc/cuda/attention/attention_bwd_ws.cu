@@ -23,7 +23,9 @@
 //   own 64 x 64 of the tile's dQ over both consumers' 128 keys, so that no partial of dQ crosses
 //   consumers (FlashAttention-3's split of dQ between its warpgroups): at head dim 128 each its 64
 //   columns of the tile's 64 queries; at head dim 64, with query tiles of 128 (S^T and dP^T of 64
-//   keys x 128 queries a consumer, as FlashAttention-3's hdim-64 kernel), each its 64 queries.
+//   keys x 128 queries a consumer, as FlashAttention-3's hdim-64 kernel), each its 64 queries; with
+//   query tiles of 128 its dQ may go by TMA tensor reductions of tiles staged in its rows of the dS^T
+//   buffer that its next tile writes (kDqSplitTma: no shared memory of its own).
 //
 // Under a causal mask a later consumer's keys see fewer query tiles (its first tiles are masked out
 // entirely): it waits for those tiles and releases them without computing.
@@ -85,7 +87,8 @@ template <int D, int NWG, int Dq, int BRB, bool Overlap>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     bwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                  const __grid_constant__ CUtensorMap tdq, int rows_inner, bf16* __restrict__ dk, bf16* __restrict__ dv, float* __restrict__ dq_acc,
+                  const __grid_constant__ CUtensorMap tdq, int rows_inner, bf16* __restrict__ dk,
+                  bf16* __restrict__ dv, float* __restrict__ dq_acc,
                   const float* __restrict__ lse, const float* __restrict__ delta, AttnLayout lk, AttnLayout lv, int B,
                   int H, int Tq, int S, bool causal, float scale, float scale2, unsigned* next_item) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -342,7 +345,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 // FlashAttention-3's order: P^T while dP^T's product runs, dS^T stored before dV's product
                 // is issued, dK's after dQ's (below)
                 // dP^T's accumulator starts at -delta, set while S^T's product runs
-                issue_scores_t<P, W, BRB / 8, true, true>(st, dpt, desc_k, desc_q, desc_v, desc_do, sDelta + s * BRB, t);
+                issue_scores_t<P, W, BRB / 8, true, true>(st, dpt, desc_k, desc_q, desc_v, desc_do,
+                                                          sDelta + s * BRB, t);
                 flush_dq();  // the last tile's dQ, while this one's products run
                 wgmma::wait<1>();
                 wgmma::hold(st);
@@ -386,7 +390,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                     if (split) {
                         stage_dq_tiles(dq, smem_raw + (half0 - smem_addr(smem_raw)),
                                        smem_raw + (half0 + kPanel - smem_addr(smem_raw)), lane);
-                        dq_pending = true, staged_at = half0, staged_row = i0 + 64 * h + warp * 16, staged_bh = itm.bh;
+                        dq_pending = true, staged_at = half0;
+                        staged_row = i0 + 64 * h + warp * 16, staged_bh = itm.bh;
                     } else  // consumer 0 alone: both halves of its dS^T are this tile's
                         add_dq(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
                 } else if constexpr (Dq == kDqSummed) {
@@ -464,7 +469,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                                dk_acc, dv_acc, key, S, t, scale);
         e0 += ntiles;
     }
-    if constexpr (Dq == kDqBulk || Dq == kDqSplit || Dq == kDqSplitTma) tma::wait_done<0>();  // the last reductions, before the block's shared memory goes
+    // the last reductions, before the block's shared memory goes
+    if constexpr (Dq == kDqBulk || Dq == kDqSplit || Dq == kDqSplitTma) tma::wait_done<0>();
 #else
     __trap();  // built without sm_90a: attention_backward_ws never launches this
 #endif
@@ -485,7 +491,8 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
         return false;
     CUtensorMap mdq{};  // (dQ by TMA) dq_acc (B H, T, D) float32, boxes of 16 rows x 32 columns
     if constexpr (Dq == kDqSplitTma) {
-        const uint64_t dims[3] = {(uint64_t)D, (uint64_t)T, (uint64_t)B * H}, strides[2] = {4 * (uint64_t)D, 4 * (uint64_t)T * D};
+        const uint64_t dims[3] = {(uint64_t)D, (uint64_t)T, (uint64_t)B * H};
+        const uint64_t strides[2] = {4 * (uint64_t)D, 4 * (uint64_t)T * D};
         const uint32_t box[3] = {32, 16, 1};
         if (!tma::encode_f32(&mdq, dq_acc, 3, dims, strides, box)) return false;
     }
@@ -519,9 +526,8 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 // + 256 FlashAttention-3's order of a tile's steps (kernels 57, 74 and those of + 128 only);
 // + 16 persistent with a dynamic walk; + 2048 dQ by TMA tensor reductions of tiles staged in the other
 // dS^T buffer (402 only: 2450). (+ 1024, dQ's atomics four columns at a time, is gone: 0.322 ms against
-// 402's 0.314 at gpt2_124m's shape.)
-// (+ 4, a persistent grid on a static stride, is gone: 0.42-0.54
-// ms against 0.32-0.38 at gpt2_124m's shape.)
+// 402's 0.314 at gpt2_124m's shape; so is + 4, a persistent grid on a static stride: 0.42-0.54 ms
+// against 0.32-0.38.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
                            AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
