@@ -344,7 +344,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             if constexpr (Overlap) {
                 // FlashAttention-3's order: P^T while dP^T's product runs, dS^T stored before dV's product
                 // is issued, dK's after dQ's (below)
-                // dP^T's accumulator starts at -delta, set while S^T's product runs
+                // dP^T's accumulator starts at -delta
                 issue_scores_t<P, W, BRB / 8, true, true>(st, dpt, desc_k, desc_q, desc_v, desc_do,
                                                           sDelta + s * BRB, t);
                 flush_dq();  // the last tile's dQ, while this one's products run

@@ -28,23 +28,24 @@ __device__ __forceinline__ void minus_delta(float (&dpt)[N][4], const float* del
 
 // S^T = K Q^T and dP^T = V dO^T (64 keys x 8 N queries each), issued and committed as one group, or
 // (Apart) as two, S^T's first, so that a wait for one group leaves dP^T's product running. With
-// DeltaFirst (and Apart) dP^T's accumulator is set to -delta between the two (minus_delta).
+// DeltaFirst dP^T's accumulator is set to -delta (minus_delta) first: before the first product is
+// issued, as ptxas would otherwise make S^T's product finish before dP^T's starts (a register an
+// issued product's group may still use, written: it injects a wait).
 template <int P, int W, int N, bool Apart = false, bool DeltaFirst = false>
 __device__ __forceinline__ void issue_scores_t(float (&st)[N][4], float (&dpt)[N][4], const uint64_t (&desc_k)[P],
                                                const uint64_t (&desc_q)[P], const uint64_t (&desc_v)[P],
                                                const uint64_t (&desc_do)[P], const float* deltas = nullptr,
                                                int t = 0) {
-    static_assert(Apart || !DeltaFirst, "dP^T's accumulator is set while S^T's product runs");
+    if constexpr (DeltaFirst) {
+        minus_delta(dpt, deltas, t);
+        wgmma::hold(dpt);  // written here, not moved past the fence
+    }
     wgmma::fence();
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
         for (int kk = 0; kk < W / 16; ++kk) wgmma::mma_ss(st, desc_k[p] + 2 * kk, desc_q[p] + 2 * kk, p > 0 || kk > 0);
     if constexpr (Apart) wgmma::commit();
-    if constexpr (DeltaFirst) {
-        minus_delta(dpt, deltas, t);
-        wgmma::fence();  // the accumulator's registers, before the product reads them
-    }
 #pragma unroll
     for (int p = 0; p < P; ++p)
 #pragma unroll
