@@ -1,13 +1,13 @@
-"""One causal attention backward of the engine (the kernel it chooses by shape, or --backward-kernel) and one of PyTorch's
-cuDNN backend, bf16, between cudaProfilerStart and cudaProfilerStop, for Nsight Compute to compare the
-kernels side by side (docs/performance.md, "Tenth session"):
+"""One causal attention backward (or, with --direction forward, forward) of the engine (the kernel it chooses
+by shape, or --backward-kernel) and one of PyTorch's cuDNN backend, bf16, between cudaProfilerStart and
+cudaProfilerStop, for Nsight Compute to compare the kernels side by side (docs/performance.md, "Tenth session"):
 
     ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \\
         --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \\
         --csv --page details python bench/attention_profile.py > ncu.csv
 
 Both run twice first (kernel choice, cuDNN's plan, PyTorch's gradient buffers), so only the
-backward's own kernels fall in the profiled range.
+pass's own kernels fall in the profiled range.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--backward-kernel", default="by shape", choices=list(gpu.BACKWARD_KERNELS), metavar="NAME",
                     help="the engine's Hopper backward kernel (a name of engine.backends.cuda.BACKWARD_KERNELS)")
+    ap.add_argument("--direction", default="backward", choices=("forward", "backward"))
     args = ap.parse_args(argv)
     if not engine.cuda.is_available():
         print(f"needs a GPU: {engine.cuda.unavailable_reason()}", file=sys.stderr)
@@ -61,13 +62,18 @@ def main(argv=None) -> int:
             t.grad = None  # no gradient accumulation kernels in the range
         torch.cuda.synchronize()
         torch.cuda.profiler.start()
-        gpu.attention_backward(g, q, k, v, out, lse, True, scale)
-        torch.cuda.synchronize()
-        o.backward(tg)
+        if args.direction == "forward":
+            gpu.attention(q, k, v, True, scale)
+            torch.cuda.synchronize()
+            F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)  # with its lse, for a backward
+        else:
+            gpu.attention_backward(g, q, k, v, out, lse, True, scale)
+            torch.cuda.synchronize()
+            o.backward(tg)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
     gpu.attention_wgmma_backward_kernel(previous)
-    print(f"profiled one backward each: B {B} H {H} T {T} D {D}, causal, bf16 (engine: {args.backward_kernel})")
+    print(f"profiled one {args.direction} each: B {B} H {H} T {T} D {D}, causal, bf16 (engine: {args.backward_kernel})")
     return 0
 
 
