@@ -219,8 +219,12 @@ def test_warp_specialised_forward_reads_packed_qkv(kernel, D):
     np.testing.assert_allclose(lse, lse_c, atol=TOL * 10, rtol=TOL)
 
 
-# (B, H, T): one work item a block of the persistent grid, and several (more items than an H200's 132 SMs)
-GRIDS = [pytest.param((2, 6, 512), id="one_item_a_block"), pytest.param((4, 16, 1024), id="several_items_a_block")]
+# (B, H, T): one work item a block of the persistent grid, several (more items than an H200's 132 SMs),
+# and heads walked in groups across batch elements, the last group smaller (attn::walk_group: 2 or 4 MB
+# of K and V, or of Q and dO, a head; forward groups of 9 heads at head dim 64, 4 at 128, backward 4
+# and 2)
+GRIDS = [pytest.param((2, 6, 512), id="one_item_a_block"), pytest.param((4, 16, 1024), id="several_items_a_block"),
+         pytest.param((17, 1, 8192), id="groups_of_heads")]
 
 
 @pytest.mark.parametrize("shape", GRIDS)

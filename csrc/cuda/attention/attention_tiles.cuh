@@ -50,19 +50,32 @@ __device__ __forceinline__ void to_a_frags(uint32_t (&a)[N / 2][4], const float 
 }
 
 // Blocks start in blockIdx order, and under a causal mask their work differs: a query tile sees
-// more keys the later it is, a key tile more queries the earlier it is. A 1-D grid enumerates
-// (batch, tile rank, head), head fastest, and rank 0 is the heaviest tile, so each batch element's
-// blocks go heaviest first and the grid ends on light blocks instead of a long straggler.
+// more keys the later it is, a key tile more queries the earlier it is. A 1-D grid enumerates groups
+// of `group` (batch, head) pairs (the last group may hold fewer of the BH), and within a group (tile
+// rank, pair), pair fastest, rank 0 the heaviest tile: each group's blocks go heaviest first, and
+// the grid ends on light blocks instead of a long straggler. A group is as many heads as the L2
+// holds the reread operand of (walk_group), so that a head's tiles find its K and V (forward) or Q
+// and dO (backward) there; per batch element (group = H) the last group's heaviest tiles start when
+// little else is left (B 16 H 12 T 1024, causal: 8% of the SMs' time idle in a model of the walk, 2%
+// in groups of 64 heads; measured, docs/performance.md "Twelfth session").
 struct TileOrder {
     int tile, bh;
 };
 // (work item `index` of a persistent kernel's walk, or the block's own)
-__device__ __forceinline__ TileOrder tile_order(int tiles, int H, bool heavy_last, int index) {
-    const int per_b = tiles * H, r = index % per_b, rank = r / H;
-    return {heavy_last ? tiles - 1 - rank : rank, index / per_b * H + r % H};
+__device__ __forceinline__ TileOrder tile_order(int tiles, int group, int BH, bool heavy_last, int index) {
+    const int g0 = index / (tiles * group) * group, n = min(group, BH - g0);  // the group's first pair, pairs
+    const int r = index - g0 * tiles, rank = r / n;
+    return {heavy_last ? tiles - 1 - rank : rank, g0 + r % n};
 }
-__device__ __forceinline__ TileOrder tile_order(int tiles, int H, bool heavy_last) {
-    return tile_order(tiles, H, heavy_last, (int)blockIdx.x);
+__device__ __forceinline__ TileOrder tile_order(int tiles, int H, bool heavy_last) {  // groups of a batch element
+    return tile_order(tiles, H, INT_MAX, heavy_last, (int)blockIdx.x);
+}
+// The group of tile_order for BH (batch, head) pairs whose reread operand takes bytes_per_head: BH split
+// into equal groups of at most budget_mb of it, whole batch elements or not
+inline int walk_group(int BH, int64_t bytes_per_head, int budget_mb) {
+    const int64_t budget = (int64_t)budget_mb << 20;
+    const int64_t groups = std::max<int64_t>(1, (BH * bytes_per_head + budget - 1) / budget);
+    return (int)((BH + groups - 1) / groups);
 }
 
 // A forward block's work (attn::tile_order, the heaviest, last query tile first): its (batch, head),

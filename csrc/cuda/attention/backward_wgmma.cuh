@@ -74,20 +74,10 @@ __device__ __forceinline__ void probs_frag(float (&p)[4], const float (&s)[4], c
         }
     }
 }
-// fragment j of dS^T = P^T (dP^T - delta) -> its bf16 A-fragment half in dsa and the swizzled tiles at sdS
-// (deltas null: dp holds dP^T - delta already)
+// fragment j of dS^T (ds) -> its bf16 A-fragment half in dsa and the swizzled tiles at sdS
 template <int K>
-__device__ __forceinline__ void dscores_frag(uint32_t (&dsa)[K][4], const float (&p)[4], const float (&dp)[4],
-                                             const float* deltas, int j, int warp, int g, int t, unsigned char* sdS) {
-    float ds[4];
-    if (deltas == nullptr) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ds[e] = p[e] * dp[e];
-    } else {
-        const float2 delta2 = *reinterpret_cast<const float2*>(deltas + j * 8 + 2 * t);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ds[e] = p[e] * (dp[e] - (e & 1 ? delta2.y : delta2.x));
-    }
+__device__ __forceinline__ void put_dscores_frag(uint32_t (&dsa)[K][4], const float (&ds)[4], int j, int warp, int g,
+                                                 int t, unsigned char* sdS) {
     dsa[j >> 1][(j & 1) * 2] = pack_bf16(ds[0], ds[1]);
     dsa[j >> 1][(j & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
     // rows r0 and r0 + 8 of dS^T; columns j * 8 + 2 t, + 1: chunk j % 8 of the tile of 64 queries j / 8
@@ -95,6 +85,16 @@ __device__ __forceinline__ void dscores_frag(uint32_t (&dsa)[K][4], const float 
     unsigned char* const tile = sdS + (j >> 3) * (64 * 128);
     *reinterpret_cast<uint32_t*>(tile + wgmma::swizzled(r0, j & 7) + 4 * t) = dsa[j >> 1][(j & 1) * 2];
     *reinterpret_cast<uint32_t*>(tile + wgmma::swizzled(r0 + 8, j & 7) + 4 * t) = dsa[j >> 1][(j & 1) * 2 + 1];
+}
+// fragment j of dS^T = P^T (dP^T - delta), delta the queries' (columns j * 8 + 2 t, + 1)
+template <int K>
+__device__ __forceinline__ void dscores_frag(uint32_t (&dsa)[K][4], const float (&p)[4], const float (&dp)[4],
+                                             const float* deltas, int j, int warp, int g, int t, unsigned char* sdS) {
+    const float2 delta2 = *reinterpret_cast<const float2*>(deltas + j * 8 + 2 * t);
+    float ds[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ds[e] = p[e] * (dp[e] - (e & 1 ? delta2.y : delta2.x));
+    put_dscores_frag(dsa, ds, j, warp, g, t, sdS);
 }
 
 template <bool Full, int N>
@@ -127,13 +127,18 @@ __device__ __forceinline__ void probs_t(float (&st)[N][4], const float* lse2s, b
     }
     to_a_frags(pa, st);
 }
-// ... then dS^T = P^T (dP^T - delta) from P^T (pt), as bf16 A-fragments dsa and stored at sdS (deltas
-// null: dpt holds dP^T - delta already)
+// ... then dS^T = P^T (dP^T - delta) from P^T (pt) and dP^T - delta (dpt_delta: its accumulator began at
+// -delta, issue_scores_t's DeltaFirst), as bf16 A-fragments dsa and stored at sdS
 template <int N>
-__device__ __forceinline__ void dscores_t(const float (&pt)[N][4], const float (&dpt)[N][4], const float* deltas,
-                                          int warp, int g, int t, unsigned char* sdS, uint32_t (&dsa)[N / 2][4]) {
+__device__ __forceinline__ void dscores_t(const float (&pt)[N][4], const float (&dpt_delta)[N][4], int warp, int g,
+                                          int t, unsigned char* sdS, uint32_t (&dsa)[N / 2][4]) {
 #pragma unroll
-    for (int j = 0; j < N; ++j) dscores_frag(dsa, pt[j], dpt[j], deltas, j, warp, g, t, sdS);
+    for (int j = 0; j < N; ++j) {
+        float ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ds[e] = pt[j][e] * dpt_delta[j][e];
+        put_dscores_frag(dsa, ds, j, warp, g, t, sdS);
+    }
 }
 
 template <int N>
