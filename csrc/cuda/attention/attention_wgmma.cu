@@ -293,7 +293,8 @@ int g_forward_kernel = -1, g_backward_kernel = -1;  // attention_wgmma_{forward,
 // alone"; ms at B 16, T 1024, head dim 64 unless said):
 // - forward: the dynamic walk (at most a block an SM, each taking the next unclaimed item, heaviest
 //   first), ws 3 x 128 from T 512 (0.095 against 0.106 a block an item, 0.131 on a static stride and
-//   0.120 for cp.async), ws 3 x 64 below (T 256: 0.0280 against 0.0299); at head dim 128 ws 2 x 128
+//   0.120 for cp.async), and below it since the walk's groups of heads (T 256: 0.0283 against ws 3 x
+//   64's 0.0305 on an H100; before them 0.0299 against 0.0280); at head dim 128 ws 2 x 128
 //   with the consumers taking turns (0.0769 against 0.0789 without, 0.091 a block an item). Turns
 //   are slower at head dim 64 (0.0994 against 0.0937; T 256: 0.0327 against 0.0280);
 // - backward at head dim 64: ws 3 x 64 walking dynamically with dQ summed over the consumers in
@@ -302,10 +303,13 @@ int g_forward_kernel = -1, g_backward_kernel = -1;  // attention_wgmma_{forward,
 //   0.377 for cp.async; B 64 H 6 T 256: 0.094 against 0.097); at head dim 128 ws 2 x 64 with dQ
 //   split by columns between the consumers and added by bulk reductions of rows, a block an item
 //   (on an H100, B 16 H 6: 0.306 against 0.311 split with atomics, 0.321 split walking dynamically,
-//   0.350 summed; B 8 H 6 T 2048: 0.470 against 0.480, 0.508 and 0.549).
+//   0.350 summed; B 8 H 6 T 2048: 0.470 against 0.480, 0.508 and 0.549), in FlashAttention-3's order
+//   since the walk's groups of heads (below).
 int forward_kernel_for(int D, int T) {
     if (g_forward_kernel >= 0) return g_forward_kernel;
-    return D == 128 ? 13 : D == 64 ? (T >= 512 ? 10 : 12) : 0;
+    // (since the walk's groups of heads, ws 3 x 128 dynamic at every T: B64 H6 T256 0.0283 ms against
+    // ws 3 x 64's 0.0305 on an H100)
+    return D == 128 ? 13 : D == 64 ? 10 : 0;
 }
 int backward_kernel_for(int D, int S) {
     if (g_backward_kernel >= 0) return g_backward_kernel;
@@ -313,7 +317,9 @@ int backward_kernel_for(int D, int S) {
     // tensor reductions (2450: 0.302 against 402's atomics 0.314 and 57's 0.320 ms at B16 H12 T1024 on
     // an H100) from 1024 keys, three consumers with dQ summed (57) below it (0.105 against 0.106 at B64
     // H6 T256)
-    return D == 128 ? 74 : D == 64 ? (S >= 1024 ? 2450 : S >= 256 ? 57 : 0) : 0;
+    // head dim 128: 74 in FlashAttention-3's order (330: 0.2822 against 0.2848 ms at B16 H6 T1024, 0.419
+    // against 0.4238 at B8 T2048, on an H100 with the walk's groups of heads)
+    return D == 128 ? 330 : D == 64 ? (S >= 1024 ? 2450 : S >= 256 ? 57 : 0) : 0;
 }
 
 bool usable(int device, int D) {
