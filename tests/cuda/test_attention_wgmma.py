@@ -185,13 +185,13 @@ def test_reads_packed_qkv(wgmma, D):
 
 
 # ---- the warp-specialised forward kernels (attention_fwd_ws.cu: a TMA producer warpgroup, 2 or 3
-# consumer warpgroups, key tiles of 128 or 64) at head dims 64 and 128
+# consumer warpgroups, key tiles of 128 or 64) at head dims 32, 64 and 128
 
 WS_KERNELS = [pytest.param(v, id=name.replace(" ", "_")) for name, v in gpu.FORWARD_KERNELS.items() if v > 0]
 
 
 @pytest.mark.parametrize("kernel", WS_KERNELS)
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [32, 64, 128])
 @pytest.mark.parametrize("B,H,T,S,causal", WS_SHAPES)
 def test_warp_specialised_forward_matches_cpu(kernel, D, B, H, T, S, causal):
     """Partial query and key tiles (TMA's zero fill), T != S, T > S (queries that see no key), causal
@@ -210,7 +210,7 @@ def test_warp_specialised_forward_matches_cpu(kernel, D, B, H, T, S, causal):
 
 
 @pytest.mark.parametrize("kernel", WS_KERNELS)
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [32, 64, 128])
 def test_warp_specialised_forward_reads_packed_qkv(kernel, D):
     """A packed (B, T, 3 H D) projection: the heads sit inside the rows, so the TMA map's axes are
     (d, head, rows, batch)."""
@@ -229,7 +229,7 @@ GRIDS = [pytest.param((2, 6, 512), id="one_item_a_block"), pytest.param((4, 16, 
 
 @pytest.mark.parametrize("shape", GRIDS)
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [32, 64, 128])
 def test_warp_specialised_forward_matches_the_cp_async_kernel(causal, D, shape):
     """Every forward kernel on the same inputs agrees with the two-warpgroup cp.async one far tighter
     than with float32; those with tiles of 128 keys sum in another order, so they must differ in bits

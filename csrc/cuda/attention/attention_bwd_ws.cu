@@ -25,7 +25,8 @@
 //   columns of the tile's 64 queries; at head dim 64, with query tiles of 128 (S^T and dP^T of 64
 //   keys x 128 queries a consumer, as FlashAttention-3's hdim-64 kernel), each its 64 queries; with
 //   query tiles of 128 its dQ may go by TMA tensor reductions of tiles staged in its rows of the dS^T
-//   buffer that its next tile writes (kDqSplitTma: no shared memory of its own).
+//   buffer that its next tile writes (kDqSplitTma: no shared memory of its own), at head dim 128 by
+//   the same reductions of tiles staged in 16 KB of its own.
 //
 // Under a causal mask a later consumer's keys see fewer query tiles (its first tiles are masked out
 // entirely): it waits for those tiles and releases them without computing.
@@ -56,18 +57,28 @@ constexpr int kStages = 2;
 // computing its own 64 x 64 of the tile's dQ over both consumers' keys (the other's dS read from
 // shared memory) and adding those into dq_acc by bulk reductions of its rows (kDqSplit) or by atomics
 // (kDqSplitAtomic: no staging, so that K and V keep two buffers), or by TMA tensor reductions of tiles
-// staged in the dS^T buffer that the consumer's next tile writes (kDqSplitTma, query tiles of 128: no
-// staging memory of its own either)
+// staged in the dS^T buffer that the consumer's next tile writes (kDqSplitTma; with query tiles of
+// 128 no staging memory of its own either, at head dim 128 16 KB a consumer: own_dq_staging)
 enum DqPath { kDqAtomic, kDqBulk, kDqSummed, kDqSplit, kDqSplitAtomic, kDqSplitTma };
 constexpr bool split_dq(int Dq) { return Dq == kDqSplit || Dq == kDqSplitAtomic || Dq == kDqSplitTma; }
 constexpr bool staged_dq(int Dq) { return Dq == kDqBulk || Dq == kDqSummed || Dq == kDqSplit; }
 // the summed tile (64 queries), rows of D floats back to back
 constexpr uint32_t dq_sum_bytes(int D) { return 64 * D * 4; }
+// (dQ by TMA) where a consumer stages its 64 x 64 of dQ for the tensor reductions: with query tiles of
+// 128 (head dim 64) in the other dS^T buffer, which holds it; at head dim 128 (query tiles of 64, a
+// dS^T tile half its size) in 16 KB of its own, in the same swizzled boxes
+constexpr bool own_dq_staging(int Dq, int BRB) { return Dq == kDqSplitTma && BRB == 64; }
+// a consumer's staging of dQ: rows kDqStride apart (bulk paths), or the boxes of own_dq_staging
+constexpr uint32_t dq_staging_bytes(int Dq, int BRB) {
+    return staged_dq(Dq) ? 64 * kDqStride : own_dq_staging(Dq, BRB) ? 64 * 64 * 4 : 0;
+}
 // K and V's buffers: two (the next item's load while this one runs), or one where dQ's staging at
-// head dim 128 (summed, or split with bulk reductions) or beside query tiles of 128 (split with bulk
+// head dim 128 (summed, or split with bulk or tensor reductions) or beside query tiles of 128 (split with bulk
 // reductions) needs the room; a launch with one is a block an item (the walk never reuses the buffer)
 constexpr int kv_buffers(int D, int Dq, int BRB) {
-    return (D == 128 && (Dq == kDqSummed || Dq == kDqSplit)) || (BRB == 128 && Dq == kDqSplit) ? 1 : 2;
+    return (D == 128 && (Dq == kDqSummed || Dq == kDqSplit || Dq == kDqSplitTma)) || (BRB == 128 && Dq == kDqSplit)
+               ? 1
+               : 2;
 }
 // dS^T's buffers a consumer: two where dQ is split (the other consumer may still read one tile's
 // while this one writes the next's), else one
@@ -98,11 +109,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     static_assert(Dq != kDqBulk || D == 64, "dQ by rows of 64 floats");
     static_assert(Dq != kDqSummed || D >= 64, "dQ summed a panel of 64 columns at a time");
     static_assert(BRB == 64 || (BRB == 128 && D == 64 && split_dq(Dq)), "query tiles of 128 split dQ by rows");
-    static_assert(Dq != kDqSplitTma || BRB == 128, "dQ's tiles staged in the other dS^T buffer of a query tile of 128");
     static_assert(!split_dq(Dq) || (NWG == 2 && (D == 128) == (BRB == 64)),
                   "dQ split into a panel of columns (head dim 128) or of query rows (head dim 64) a consumer");
     constexpr int NQ = BRB / 64;  // the query tile's 64-query halves (dS^T's tiles a consumer)
-    constexpr uint32_t kDqRows = staged_dq(Dq) ? 64 * kDqStride : 0;  // a consumer's staged dQ panel
+    constexpr uint32_t kDqRows = dq_staging_bytes(Dq, BRB);  // a consumer's staged dQ panel
     constexpr uint32_t kSum = Dq == kDqSummed ? dq_sum_bytes(D) : 0;
     constexpr int kKv = kv_buffers(D, Dq, BRB), kDs = ds_buffers(Dq);
     constexpr int kSummers = Dq == kDqSummed ? 2 : 0;  // the producer's warps 2 and 3 sum dQ
@@ -271,7 +281,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     tma::claim_registers<RegisterSplit<NWG>::consumer>();
     const int c = wg - 1;  // consumer c owns keys k0 + 64 c .. k0 + 64 c + 63 of each item
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint32_t sDq = sDq0 + c * kDqRows + warp * 16 * kDqStride;  // this warp's dQ rows
+    // this warp's dQ rows (or its two boxes)
+    const uint32_t sDq = sDq0 + c * kDqRows + warp * (own_dq_staging(Dq, BRB) ? 4096 : 16 * kDqStride);
     unsigned char* const rows = smem_raw + (sDq - smem_addr(smem_raw));
     // consumer cc's dS^T in buffer b (its NQ tiles of 64 queries, kPanel apart)
     auto sdS = [&](int b, int cc) { return sdS0 + (b * NWG + cc) * NQ * kPanel; };
@@ -279,21 +290,23 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     // (split dQ) both consumers' 256 threads: every dS^T of the tile stored, or an item done
     auto pair_sync = [&] { asm volatile("bar.sync %0, 256;\n" ::"r"(NWG + 2) : "memory"); };
     // (dQ by TMA) the reductions of this warp's last staged dQ have read it, so that its rows of dS^T,
-    // where it was staged, may be stored
+    // where it was staged, may be stored (or, staged in its own buffer, the next may be staged)
     auto staging_read = [&] {
         if constexpr (Dq == kDqSplitTma) {
             if (lane == 0) tma::wait_read<0>();
             __syncwarp();
         }
     };
-    // (dQ by TMA) the warp's staged dQ not yet handed to the L2: where, its first query row, (batch, head)
+    // (dQ by TMA) the warp's staged dQ not yet handed to the L2: where (its two boxes of 32 columns,
+    // `halves` apart), its first query row and column, (batch, head)
+    constexpr uint32_t halves = own_dq_staging(Dq, BRB) ? 2048 : kPanel;
     bool dq_pending = false;
     uint32_t staged_at = 0;
-    int staged_row = 0, staged_bh = 0;
+    int staged_row = 0, staged_col = 0, staged_bh = 0;
     auto flush_dq = [&] {
         if constexpr (Dq == kDqSplitTma)
             if (dq_pending) {
-                reduce_dq_tiles(&tdq, staged_row, staged_bh, staged_at, staged_at + kPanel, lane);
+                reduce_dq_tiles(&tdq, staged_row, staged_col, staged_bh, staged_at, staged_at + halves, lane);
                 dq_pending = false;
             }
     };
@@ -353,7 +366,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 probs_t(st, sLse + s * BRB, full_tile, i0, key, S, causal, off, scale2, t, pa);
                 wgmma::wait<0>();
                 wgmma::hold(dpt);
-                staging_read();
+                if constexpr (!own_dq_staging(Dq, BRB)) staging_read();
                 dscores_t(st, dpt, warp, g, t, ds_tile, dsa);
                 issue_key_grad<P, W, D>(dv_acc, pa, desc_do);
             } else {
@@ -362,7 +375,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
                 wgmma::wait<0>();
                 wgmma::hold(st);
                 wgmma::hold(dpt);
-                staging_read();
+                if constexpr (!own_dq_staging(Dq, BRB)) staging_read();
                 score_grads_t(st, dpt, sLse + s * BRB, sDelta + s * BRB, full_tile, i0, key, S, causal, off, scale2,
                               warp, g, t, ds_tile, pa, dsa);
                 issue_key_grads<P, W, D>(dv_acc, dk_acc, pa, dsa, desc_do, desc_q);
@@ -384,14 +397,16 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             auto hand = [&](float (&dq)[W / 8][4], int p, int h, bool split) {
                 if constexpr (Dq == kDqSplitTma) {
                     // (split) this warp's rows of the other dS^T buffer, the previous tile's, are free
-                    // until the next tile's dS^T is stored there (staging_read, above); handed to the L2
-                    // after the next tile's products are issued (flush_dq)
-                    const uint32_t half0 = sdS(ds_buf ^ 1, c) + warp * 2048;
+                    // until the next tile's dS^T is stored there (staging_read, above); or (head dim 128)
+                    // its 4 KB of the consumer's own staging, once the last reductions have read it.
+                    // Handed to the L2 after the next tile's products are issued (flush_dq)
+                    const uint32_t half0 = own_dq_staging(Dq, BRB) ? sDq : sdS(ds_buf ^ 1, c) + warp * 2048;
                     if (split) {
+                        if constexpr (own_dq_staging(Dq, BRB)) staging_read();
                         stage_dq_tiles(dq, smem_raw + (half0 - smem_addr(smem_raw)),
-                                       smem_raw + (half0 + kPanel - smem_addr(smem_raw)), lane);
+                                       smem_raw + (half0 + halves - smem_addr(smem_raw)), lane);
                         dq_pending = true, staged_at = half0;
-                        staged_row = i0 + 64 * h + warp * 16, staged_bh = itm.bh;
+                        staged_row = i0 + 64 * h + warp * 16, staged_col = p * W, staged_bh = itm.bh;
                     } else  // consumer 0 alone: both halves of its dS^T are this tile's
                         add_dq(dq_bh, D, dq, i0 + 64 * h + warp * 16, p * W, Tq, g, t);
                 } else if constexpr (Dq == kDqSummed) {
@@ -501,7 +516,7 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
     constexpr int kKv = kv_buffers(D, Dq, BRB);
     const int bytes = (int)Panels<D>::tile_bytes(2 * kKv * BKB + 2 * kStages * BRB) +
                       ds_buffers(Dq) * NWG * BRB * 128 +
-                      (staged_dq(Dq) ? NWG * 64 * kDqStride : 0) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
+                      NWG * dq_staging_bytes(Dq, BRB) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
                       2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
     auto kernel = bwd_ws_kernel<D, NWG, Dq, BRB, Overlap>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
@@ -530,9 +545,9 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
 // (head dim 64 and two consumers only; atomics, or with + 8 bulk reductions and a block an item);
 // + 256 FlashAttention-3's order of a tile's steps (kernels 57, 74 and those of + 128 only);
 // + 16 persistent with a dynamic walk; + 2048 dQ by TMA tensor reductions of tiles staged in the other
-// dS^T buffer (402 only: 2450). (+ 1024, dQ's atomics four columns at a time, is gone: 0.322 ms against
-// 402's 0.314 at gpt2_124m's shape; so is + 4, a persistent grid on a static stride: 0.42-0.54 ms
-// against 0.32-0.38.)
+// dS^T buffer (402 only: 2450) or, at head dim 128, in a staging of each consumer's own (330 only:
+// 2378). (+ 1024, dQ's atomics four columns at a time, is gone: 0.322 ms against 402's 0.314 at
+// gpt2_124m's shape; so is + 4, a persistent grid on a static stride: 0.42-0.54 ms against 0.32-0.38.)
 bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, void* dv, float* dq_acc, const void* dout,
                            const void* q, const void* k, const void* v, const float* lse, const float* delta,
                            AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
@@ -545,7 +560,10 @@ bool attention_backward_ws(int kernel, int device, cudaStream_t st, void* dk, vo
                    : kernel & 32 ? kDqSummed : kernel & 8 ? kDqBulk : kDqAtomic;
     if (split_dq(dq) && (D != (rows128 ? 64 : 128) || variant != 2 || (kernel & 64 && rows128))) return false;
 #define ARGS dynamic, device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H, T, S, causal, scale
-    if (kernel & 2048) return kernel == 2450 && D == 64 ? backward<64, 2, kDqSplitTma, 128, true>(ARGS) : false;
+    if (kernel & 2048)
+        return kernel == 2450 && D == 64    ? backward<64, 2, kDqSplitTma, 128, true>(ARGS)
+               : kernel == 2378 && D == 128 ? backward<128, 2, kDqSplitTma, 64, true>(ARGS)
+                                            : false;
     if (kernel & 256) {  // FlashAttention-3's order
         if (rows128)
             return dq == kDqSplit ? backward<64, 2, kDqSplit, 128, true>(ARGS)

@@ -1,5 +1,7 @@
-// bf16 attention forward on Hopper, warp-specialised as FlashAttention-3 is, head dims 64 and 128:
-// attention_wgmma.cu's forward hands its work here wherever TMA can describe q, k and v.
+// bf16 attention forward on Hopper, warp-specialised as FlashAttention-3 is, head dims 32, 64 and 128:
+// attention_wgmma.cu's forward hands its work here wherever TMA can describe q, k and v. (At head dim
+// 32 the TMA box is still 64 columns wide: the 32 past the row are the tensor's out-of-bounds, filled
+// with zeros, so a tile has wgmma.cuh's layout of 128-byte rows and the products read its first half.)
 //
 // A block is one producer warpgroup and NWG consumer warpgroups of 64 queries each (BM = 64 NWG):
 // - the producer's first thread issues every load as TMA: the block's Q tile once, then the K and V
@@ -296,6 +298,15 @@ bool attention_forward_ws(int kernel, int device, cudaStream_t st, void* o, floa
     const int variant = (kernel - 1) % 4 + 1;
 #define ARGS dynamic, device, st, o, lse, q, k, v, lq, lk, lv, lo, B, H, T, S, causal, scale
 #define PICK(D, NWG, BN) (turns ? forward<D, NWG, BN, true>(ARGS) : forward<D, NWG, BN, false>(ARGS))
+    if (D == 32) {
+        switch (variant) {
+            case 1: return PICK(32, 2, 128);
+            case 2: return PICK(32, 3, 128);
+            case 3: return PICK(32, 2, 64);
+            case 4: return PICK(32, 3, 64);
+            default: return false;
+        }
+    }
     if (D == 64) {
         switch (variant) {
             case 1: return PICK(64, 2, 128);

@@ -308,8 +308,9 @@ int g_forward_kernel = -1, g_backward_kernel = -1;  // attention_wgmma_{forward,
 int forward_kernel_for(int D, int T) {
     if (g_forward_kernel >= 0) return g_forward_kernel;
     // (since the walk's groups of heads, ws 3 x 128 dynamic at every T: B64 H6 T256 0.0283 ms against
-    // ws 3 x 64's 0.0305 on an H100)
-    return D == 128 ? 13 : D == 64 ? 10 : 0;
+    // ws 3 x 64's 0.0305 on an H100; at head dim 32 too, B16 H24 T1024: 0.1275 against 0.1372 with
+    // turns, 0.1405 for ws 3 x 64 dynamic and the cp.async kernel's 0.1720)
+    return D == 128 ? 13 : 10;
 }
 int backward_kernel_for(int D, int S) {
     if (g_backward_kernel >= 0) return g_backward_kernel;
@@ -317,9 +318,10 @@ int backward_kernel_for(int D, int S) {
     // tensor reductions (2450: 0.302 against 402's atomics 0.314 and 57's 0.320 ms at B16 H12 T1024 on
     // an H100) from 1024 keys, three consumers with dQ summed (57) below it (0.105 against 0.106 at B64
     // H6 T256)
-    // head dim 128: 74 in FlashAttention-3's order (330: 0.2822 against 0.2848 ms at B16 H6 T1024, 0.419
-    // against 0.4238 at B8 T2048, on an H100 with the walk's groups of heads)
-    return D == 128 ? 330 : D == 64 ? (S >= 1024 ? 2450 : S >= 256 ? 57 : 0) : 0;
+    // head dim 128: 330 (74 in FlashAttention-3's order) with dQ by TMA tensor reductions of tiles
+    // staged in each consumer's own 16 KB (2378: 0.2554 against 330's 0.2828 ms at B16 H6 T1024, 0.3609
+    // against 0.4199 at B8 T2048, on an H100)
+    return D == 128 ? 2378 : D == 64 ? (S >= 1024 ? 2450 : S >= 256 ? 57 : 0) : 0;
 }
 
 bool usable(int device, int D) {

@@ -18,7 +18,7 @@ bool attention_wgmma_built();
 bool attention_wgmma_forward(bool enabled);
 bool attention_wgmma_backward(bool enabled);
 
-// Which forward kernel runs at head dims 64 and 128 (attention_fwd_ws.cu's warp-specialised ones, by
+// Which forward kernel runs at head dims 32, 64 and 128 (attention_fwd_ws.cu's warp-specialised ones, by
 // consumer warpgroups and keys a tile: 1 = 2 x 128, 2 = 3 x 128, 3 = 2 x 64, 4 = 3 x 64; 0 =
 // attention_wgmma.cu's own, two warpgroups loading with cp.async; -1, the default: by shape);
 // returns the previous choice

@@ -14,7 +14,7 @@ namespace attn {
 
 // The TMA map of q, k, v or dout (rows T or S of D elements): axes (d, rows, head, batch), or (d,
 // head, rows, batch) where the heads sit inside the rows (a packed qkv), so that each axis nests in
-// the next; a box is (64, box_rows) of one head. An axis of one element may carry any stride (the
+// the next; a box is (64, box_rows) of one head (at D 32, columns 32 .. 63 are out of bounds: zeros). An axis of one element may carry any stride (the
 // launchers flatten the heads into the batch and pass a head stride of 0): it is given the span of
 // the axes inside it. False where TMA cannot describe the layout.
 inline bool make_map(CUtensorMap* map, bool* rows_inner, const void* base, AttnLayout l, int B, int H, int rows,
@@ -83,8 +83,8 @@ __device__ __forceinline__ void reduce_dq(float* dq_cols, int ld, const float (&
     }
 }
 
-// The same 16 x 64 of dQ added by two TMA tensor reductions instead (dq_acc's map: float32 (D, Tq,
-// B H), boxes of 32 columns x 16 rows). stage_dq_tiles writes the warp's rows as two boxes of 128-byte
+// The same 16 x 64 of dQ (columns col0 ..) added by two TMA tensor reductions instead (dq_acc's map:
+// float32 (D, Tq, B H), boxes of 32 columns x 16 rows). stage_dq_tiles writes the warp's rows as two boxes of 128-byte
 // rows, columns 0 .. 31 at `half0` and 32 .. 63 at `half1` (each 1024-byte aligned, in the 128-byte
 // swizzle: chunk c of row r at chunk c ^ (r % 8), so that a half-warp's float2 stores meet no bank
 // twice); reduce_dq_tiles, called later (once the stores have had time to land, so that the fence
@@ -102,13 +102,13 @@ __device__ __forceinline__ void stage_dq_tiles(const float (&dq)[8][4], unsigned
         *reinterpret_cast<float2*>(half + (g + 8) * 128 + at) = make_float2(dq[j][2], dq[j][3]);
     }
 }
-__device__ __forceinline__ void reduce_dq_tiles(const CUtensorMap* map, int qrow, int bh, uint32_t half0_addr,
-                                                uint32_t half1_addr, int lane) {
+__device__ __forceinline__ void reduce_dq_tiles(const CUtensorMap* map, int qrow, int col0, int bh,
+                                                uint32_t half0_addr, uint32_t half1_addr, int lane) {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stores, before the bulk reads
     __syncwarp();
     if (lane == 0) {
-        tma::reduce_add_3d(map, half0_addr, 0, qrow, bh);
-        tma::reduce_add_3d(map, half1_addr, 32, qrow, bh);
+        tma::reduce_add_3d(map, half0_addr, col0, qrow, bh);
+        tma::reduce_add_3d(map, half1_addr, col0 + 32, qrow, bh);
         tma::commit();
     }
 }

@@ -259,7 +259,7 @@ def attention_wgmma_backward(enabled: bool) -> bool:
     return native.attention_wgmma_backward(enabled)
 
 
-# forward kernels at head dims 64 and 128: consumer warpgroups x keys a tile of the warp-specialised
+# forward kernels at head dims 32, 64 and 128: consumer warpgroups x keys a tile of the warp-specialised
 # ones, a block a work item or at most a block an SM walking them (dynamic: each block taking the next
 # unclaimed item; turns: dynamic, the consumers taking turns at the tensor cores)
 FORWARD_KERNELS = {"by shape": -1, "cp.async 2x64": 0, "ws 2x128": 1, "ws 3x128": 2, "ws 2x64": 3, "ws 3x64": 4,
@@ -269,7 +269,7 @@ FORWARD_KERNELS = {"by shape": -1, "cp.async 2x64": 0, "ws 2x128": 1, "ws 3x128"
 
 
 def attention_wgmma_forward_kernel(kernel: int) -> int:
-    """Which Hopper forward kernel runs at head dims 64 and 128 (a value of FORWARD_KERNELS: -1, the
+    """Which Hopper forward kernel runs at head dims 32, 64 and 128 (a value of FORWARD_KERNELS: -1, the
     default, chooses by shape; 0 is the two warpgroups loading with cp.async, 1-16 the warp-specialised
     ones fed by TMA); returns the previous."""
     if kernel not in FORWARD_KERNELS.values():
@@ -286,7 +286,7 @@ def attention_wgmma_forward_kernel(kernel: int) -> int:
 # both consumers' keys), a block a work item or at most a block an SM walking them (dynamic: each block
 # taking the next unclaimed item); overlap: FlashAttention-3's order of a tile's steps (P computed while dP's
 # product runs, dQ handed off while dK's runs); tma-dq: dQ by TMA tensor reductions of tiles staged where
-# the consumer's next dS^T goes
+# the consumer's next dS^T goes (head dim 64) or in 16 KB of its own (head dim 128)
 BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64": 2, "ws 3x64 bulk-dq": 9,
                     "ws 2x64 bulk-dq": 10, "ws 2x64 dynamic": 18, "ws 3x64 bulk-dq dynamic": 25,
                     "ws 3x64 summed-dq": 41, "ws 2x64 summed-dq": 42, "ws 3x64 summed-dq dynamic": 57,
@@ -295,6 +295,7 @@ BACKWARD_KERNELS = {"by shape": -1, "cp.async 1x64": 0, "ws 3x64": 1, "ws 2x64":
                     "ws 2x64 q128 split-dq dynamic": 146, "ws 3x64 summed-dq dynamic overlap": 313,
                     "ws 2x64 split-dq bulk overlap": 330, "ws 2x64 q128 split-dq overlap": 386,
                     "ws 2x64 q128 split-dq bulk overlap": 394, "ws 2x64 q128 split-dq dynamic overlap": 402,
+                    "ws 2x64 split-dq bulk overlap tma-dq": 2378,
                     "ws 2x64 q128 split-dq dynamic overlap tma-dq": 2450}
 
 
