@@ -528,9 +528,10 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
     // H 6 D 128) for groups of 8, 16 and 32 MB and a batch element's heads: D 64 0.275, 0.282, 0.311
     // against 0.289; D 128 0.286, 0.288, 0.291 against 0.307 (B 8 T 2048 D 64: 0.409, 0.404, 0.410
     // against 0.436)
+    constexpr int kWalkGroupMb = 8;
     kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, mdo, mdq, (int)rq | (int)rk << 1 | (int)rv << 2 | (int)rdo << 3,
                                                  (bf16*)dk, (bf16*)dv, dq_acc, lse, delta, lk, lv, B, H, T, S, causal,
-                                                 scale, scale * kLog2e, walk_group(B * H, 4LL * T * D, 8),
+                                                 scale, scale * kLog2e, walk_group(B * H, 4LL * T * D, kWalkGroupMb),
                                                  dynamic ? walk_counter(g_next_item, counters) : nullptr);
     return true;
 }
