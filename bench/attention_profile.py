@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--backward-kernel", default="by shape", choices=list(gpu.BACKWARD_KERNELS), metavar="NAME",
                     help="the engine's Hopper backward kernel (a name of engine.backends.cuda.BACKWARD_KERNELS)")
+    ap.add_argument("--forward-kernel", default="by shape", choices=list(gpu.FORWARD_KERNELS), metavar="NAME",
+                    help="the engine's Hopper forward kernel (a name of engine.backends.cuda.FORWARD_KERNELS)")
     ap.add_argument("--direction", default="backward", choices=("forward", "backward"))
     args = ap.parse_args(argv)
     if not engine.cuda.is_available():
@@ -46,6 +48,7 @@ def main(argv=None) -> int:
 
     B, H, T, D = args.batch, args.heads, args.seq, args.head_dim
     previous = gpu.attention_wgmma_backward_kernel(gpu.BACKWARD_KERNELS[args.backward_kernel])
+    previous_forward = gpu.attention_wgmma_forward_kernel(gpu.FORWARD_KERNELS[args.forward_kernel])
     scale = D ** -0.5
     rng = np.random.default_rng(0)
     q, k, v, g = (gpu.astype(gpu.from_numpy(rng.standard_normal((B, H, T, D)).astype(np.float32)), engine.bfloat16)
@@ -73,7 +76,9 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
     gpu.attention_wgmma_backward_kernel(previous)
-    print(f"profiled one {args.direction} each: B {B} H {H} T {T} D {D}, causal, bf16 (engine: {args.backward_kernel})")
+    gpu.attention_wgmma_forward_kernel(previous_forward)
+    kernel = args.forward_kernel if args.direction == "forward" else args.backward_kernel
+    print(f"profiled one {args.direction} each: B {B} H {H} T {T} D {D}, causal, bf16 (engine: {kernel})")
     return 0
 
 

@@ -53,11 +53,21 @@ __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_inde
 // takes the token once a K/V entry of every item (for S_0, then for each step that issues S_{j+1},
 // and once for each entry it skips), so the turns stay in step across warpgroups and items; it is
 // never held across a wait.
+//
+//
+// A consumer whose queries see only the first half of their last key tile (under a causal mask, half
+// of the consumers' last tiles) takes the softmax of that half alone and multiplies P V over its keys
+// only. (S stays a whole tile's product: a product of half the width in a branch made ptxas serialise
+// the wgmma of most of the kernels, for lack of registers.)
+//
+// Each consumer stages its output in a tile of its own (stage_output) and one of its threads hands it
+// to a TMA store (map to), as FlashAttention-3's epilogue does, instead of each thread storing its pairs
+// of columns to global memory.
 template <int D, int NWG, int BN, bool Turns>
 __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     fwd_ws_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                  const __grid_constant__ CUtensorMap tv, int rows_inner, bf16* __restrict__ o, float* __restrict__ lse,
-                  AttnLayout lo, int B, int H, int Tq, int S, int q_pad, bool causal, float scale2,
+                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to, int rows_inner,
+                  float* __restrict__ lse, int B, int H, int Tq, int S, int q_pad, bool causal, float scale2,
                   int group, unsigned* next_item) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BM = 64 * NWG;
@@ -65,10 +75,11 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     constexpr int P = PD::P, W = PD::W;
     constexpr uint32_t kQ = PD::tile_bytes(BM), kKV = PD::tile_bytes(BN);
     extern __shared__ unsigned char smem_raw[];
-    const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;  // Q [2](BM, D); K, V [kStages](BN, D), swizzled
-    const uint32_t sK = sQ + 2 * kQ, sV = sK + kStages * kKV;
+    // Q [2](BM, D); K, V [kStages](BN, D); O [NWG](64, D): swizzled
+    const uint32_t sQ = (smem_addr(smem_raw) + 1023) & ~1023u;
+    const uint32_t sK = sQ + 2 * kQ, sV = sK + kStages * kKV, sO = sV + kStages * kKV;
     // mbarriers: per Q buffer full, empty; per stage K full, V full, K empty, V empty
-    const uint32_t bars = sV + kStages * kKV;
+    const uint32_t bars = sO + NWG * PD::tile_bytes(64);
     auto q_full = [&](int buf) { return bars + 16 * buf; };
     auto q_empty = [&](int buf) { return bars + 8 + 16 * buf; };
     auto k_full = [&](int s) { return bars + 32 + 32 * s; };
@@ -165,9 +176,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         const int q0 = itm.q0, ntiles = itm.ntiles;
         const int wq0 = q0 + c * 64;
         const bool active = wq0 >= 0 && wq0 < Tq;  // (q_pad: whole warpgroups of the first tile lie before 0)
-        const int wg_tiles = !active ? 0
-                             : causal ? (max(0, min(S, min(wq0 + 64, Tq) + off)) + BN - 1) / BN
-                                      : ntiles;
+        const int wg_keys = !active ? 0 : causal ? max(0, min(S, min(wq0 + 64, Tq) + off)) : S;  // keys it sees
+        const int wg_tiles = !active ? 0 : causal ? (wg_keys + BN - 1) / BN : ntiles;
+        const bool half_last = wg_tiles > 0 && wg_keys - (wg_tiles - 1) * BN <= BN / 2;
         auto is_full = [&](int tile) {  // wholly inside the visible region for every row of the warpgroup
             return (tile + 1) * BN <= S && (!causal || (tile + 1) * BN - 1 <= wq0 + off);
         };
@@ -184,9 +195,27 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         zero(acc);
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];  // rows g, g + 8
         const int row[2] = {wq0 + warp * 16 + g, wq0 + warp * 16 + g + 8};
+        // with `half` (a compile-time flag), of S_it's first half only: the softmax of S_it, in place; P_it's
+        // A-fragments; O += P_it V_e
+        auto softmax = [&](int it, auto half) {
+            if constexpr (half)  // (a half tile is never full: the mask's edge is in it)
+                softmax_step(wgmma::columns<BN / 2>(s, 0), m, l, alpha, false, it * BN, S, causal, row, off, t, scale2);
+            else softmax_step(s, m, l, alpha, is_full(it), it * BN, S, causal, row, off, t, scale2);
+        };
+        auto half_pa = [&]() -> uint32_t (&)[BN / 32][4] { return *reinterpret_cast<uint32_t(*)[BN / 32][4]>(&pa[0]); };
+        auto to_frags = [&](auto half) {
+            if constexpr (half) to_a_frags(half_pa(), wgmma::columns<BN / 2>(s, 0));
+            else to_a_frags(pa, s);
+        };
+        auto issue_o = [&](int e, auto half) {
+            if constexpr (half) issue_pv<P, W, BN / 2, D, BN>(acc, half_pa(), sV + stage(e) * kKV);
+            else issue_pv<P, W, BN, D>(acc, pa, sV + stage(e) * kKV);
+        };
 
         if (wg_tiles == 0) release(q_empty(buf));
-        if (wg_tiles > 0) {  // S_0 and its softmax
+        using yes = std::true_type;
+        using no = std::false_type;
+        auto first = [&](auto half) {  // S_0 and its softmax
             tma::wait(k_full(stage(e0)), phase(e0));
             wait_turn();
             wgmma::fence();
@@ -196,12 +225,16 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             wgmma::hold(s);
             if (wg_tiles == 1) release(q_empty(buf));  // its last product with Q
             release(k_empty(stage(e0)));
-            softmax_step(s, m, l, alpha, is_full(0), 0, S, causal, row, off, t, scale2);
-            to_a_frags(pa, s);
-        }
+            softmax(0, half);
+            to_frags(half);
+        };
+        if (wg_tiles == 0) {
+        } else if (wg_tiles == 1 && half_last) first(yes{});
+        else first(no{});
         // O += P_it V_it; with `next` (a compile-time flag: no wgmma sits in a branch), also S_{it+1} and
-        // its softmax, run while P V is on the tensor cores
-        auto step = [&](int it, auto next) {
+        // its softmax, run while P V is on the tensor cores. With `half` P_it V_it is over the first half
+        // of the tile's keys; with `next_half` S_{it+1}'s softmax and fragments are of its first half.
+        auto step = [&](int it, auto next, auto next_half, auto half) {
             const int e = e0 + it;
             if constexpr (next) tma::wait(k_full(stage(e + 1)), phase(e + 1));
             tma::wait(v_full(stage(e)), phase(e));
@@ -210,28 +243,42 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             if constexpr (next) wait_turn();
             wgmma::fence();
             if constexpr (next) issue_s(s, e + 1);
-            issue_pv<P, W, BN, D>(acc, pa, sV + stage(e) * kKV);  // O_wg += P V_e
+            issue_o(e, half);
             if constexpr (next) {
                 pass_turn();
                 wgmma::wait<1>();
                 wgmma::hold(s);
                 if (it + 2 == wg_tiles) release(q_empty(buf));
                 release(k_empty(stage(e + 1)));
-                softmax_step(s, m, l, alpha, is_full(it + 1), (it + 1) * BN, S, causal, row, off, t, scale2);
+                softmax(it + 1, next_half);
             }
             wgmma::wait<0>();
             wgmma::hold(acc);
             wgmma::hold(pa);
             release(v_empty(stage(e)));
-            if constexpr (next) to_a_frags(pa, s);
+            if constexpr (next) to_frags(next_half);
         };
-        for (int it = 0; it < wg_tiles; ++it) {
-            if (it + 1 < wg_tiles) step(it, std::true_type{});  // branches uniform over the warpgroup
-            else step(it, std::false_type{});
+        for (int it = 0; it < wg_tiles; ++it) {  // branches uniform over the warpgroup
+            if (it + 2 < wg_tiles) step(it, yes{}, no{}, no{});
+            else if (it + 2 == wg_tiles) {
+                if (half_last) step(it, yes{}, yes{}, no{});
+                else step(it, yes{}, no{}, no{});
+            } else if (half_last) step(it, no{}, no{}, yes{});
+            else step(it, no{}, no{}, no{});
         }
-        if (active)
-            store_output<D>(o + itm.b * lo.sb + itm.h * lo.sh, lo.st, lse + (int64_t)itm.bh * Tq, acc, l, m, row, Tq,
-                            t);
+        if (active) {
+            // the tile's previous store has read it (its thread waits, the barrier tells the others), the
+            // output's stores land, are fenced for the async proxy, and one thread hands the tile over
+            const uint32_t tile = sO + c * PD::tile_bytes(64);
+            const bool issuer = (threadIdx.x & 127) == 0;
+            if (issuer) tma::wait_read<0>();
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + NWG + c) : "memory");
+            stage_output<D>(smem_raw + (tile - smem_addr(smem_raw)), lse + (int64_t)itm.bh * Tq, acc, l, m, row, Tq,
+                            warp, g, t);
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + NWG + c) : "memory");
+            if (issuer) store_rows<P, 64>(&to, rows_inner & 8, tile, wq0, itm.h, itm.b);
+        }
         for (int e = e0 + wg_tiles; e < e0 + ntiles; ++e) {  // the entries past this warpgroup's causal end
             wait_turn();
             pass_turn();
@@ -242,6 +289,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         }
         e0 += ntiles;
     }
+    if ((threadIdx.x & 127) == 0) tma::wait_read<0>();  // the last store has read its tile
 #else
     __trap();  // built without sm_90a: attention_forward_ws never launches this
 #endif
@@ -255,13 +303,13 @@ bool forward(bool dynamic, int device, cudaStream_t st, void* o, float* lse, con
              const void* v, AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S,
              bool causal, float scale) {
     constexpr int BM = 64 * NWG;
-    CUtensorMap mq, mk, mv;
-    bool rq, rk, rv;
+    CUtensorMap mq, mk, mv, mo;
+    bool rq, rk, rv, ro;
     if (!make_map(&mq, &rq, q, lq, B, H, T, D, BM) || !make_map(&mk, &rk, k, lk, B, H, S, D, BN) ||
-        !make_map(&mv, &rv, v, lv, B, H, S, D, BN))
+        !make_map(&mv, &rv, v, lv, B, H, S, D, BN) || !make_map(&mo, &ro, o, lo, B, H, T, D, 64))
         return false;
-    // Q [2], K and V [kStages]; the mbarriers and the Q buffers' items; slack to align the tiles
-    const int bytes = (int)Panels<D>::tile_bytes(2 * BM + 2 * kStages * BN) + 8 * (4 + 4 * kStages) + 8 + 1024;
+    // Q [2], K and V [kStages], O [NWG]; the mbarriers and the Q buffers' items; slack to align the tiles
+    const int bytes = (int)Panels<D>::tile_bytes(3 * BM + 2 * kStages * BN) + 8 * (4 + 4 * kStages) + 8 + 1024;
     auto kernel = fwd_ws_kernel<D, NWG, BN, Turns>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention");
     // a block an item, or (dynamic) at most a block an SM walking the items
@@ -278,8 +326,8 @@ bool forward(bool dynamic, int device, cudaStream_t st, void* o, float* lse, con
     // B 16 T 1024 (H 12 D 64; H 6 D 128) for groups of 8, 16 and 32 MB and a batch element's heads:
     // D 64 0.085, 0.083, 0.080 against 0.091; D 128 0.072, 0.069, 0.071 against 0.077
     constexpr int kWalkGroupMb = D > 64 ? 16 : 32;
-    kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, (int)rq | (int)rk << 1 | (int)rv << 2, (bf16*)o, lse, lo,
-                                                 B, H, T, S, q_pad, causal, scale * kLog2e,
+    kernel<<<grid, (NWG + 1) * 128, bytes, st>>>(mq, mk, mv, mo, (int)rq | (int)rk << 1 | (int)rv << 2 | (int)ro << 3,
+                                                 lse, B, H, T, S, q_pad, causal, scale * kLog2e,
                                                  walk_group(B * H, 4LL * S * D, kWalkGroupMb),
                                                  dynamic ? walk_counter(g_next_item, counters) : nullptr);
     return true;

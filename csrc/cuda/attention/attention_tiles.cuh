@@ -138,6 +138,29 @@ __device__ __forceinline__ void store_output(__nv_bfloat16* ob, int64_t st, floa
     }
 }
 
+// The same for a warpgroup's 64 rows handed to a TMA store: O as bf16 into the warpgroup's swizzled
+// (64, D) tile (panels of 64 rows x 128 bytes; chunk c of row r at chunk c ^ (r % 8), the maps'
+// 128-byte swizzle, so that a warp's stores of one column chunk meet no bank twice), lse to global
+// memory. `warp` is the warp's index in the warpgroup. Rows past Tq are staged too: the store leaves
+// them out.
+template <int D>
+__device__ __forceinline__ void stage_output(unsigned char* tile, float* lse_bh, const float (&acc)[D / 8][4],
+                                             float (&l)[2], const float (&m)[2], const int (&row)[2], int Tq,
+                                             int warp, int g, int t) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        unsigned char* const trow = tile + (warp * 16 + g + 8 * r) * 128;  // (row % 8 = g)
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)  // columns 8 j + 2 t, + 1: panel j / 8, chunk j % 8
+            *reinterpret_cast<uint32_t*>(trow + (j >> 3) * (64 * 128) + (((j & 7) ^ g) << 4) + 4 * t) =
+                pack_bf16(acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
+        if (t == 0 && row[r] < Tq) lse_bh[row[r]] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+    }
+}
+
 // Backward: the R rows of a query tile at i0 that the elementwise step reads: lse in the log2 domain
 // (+inf where the query saw no key or is past Tq, so that P = 2^(s - lse) = 0) and delta (0 past Tq)
 template <int R, int NT>

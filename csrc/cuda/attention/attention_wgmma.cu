@@ -309,8 +309,10 @@ int forward_kernel_for(int D, int T) {
     if (g_forward_kernel >= 0) return g_forward_kernel;
     // (since the walk's groups of heads, ws 3 x 128 dynamic at every T: B64 H6 T256 0.0283 ms against
     // ws 3 x 64's 0.0305 on an H100; at head dim 32 too, B16 H24 T1024: 0.1275 against 0.1372 with
-    // turns, 0.1405 for ws 3 x 64 dynamic and the cp.async kernel's 0.1720)
-    return D == 128 ? 13 : 10;
+    // turns, 0.1405 for ws 3 x 64 dynamic and the cp.async kernel's 0.1720. Since the output's TMA
+    // store and the half-seen last tiles, ws 2 x 128 dynamic below 512 queries at head dim 64: B64 H6
+    // T256 0.0254 against 3 x 128's 0.0264 ms on an H200)
+    return D == 128 ? 13 : D == 64 && T < 512 ? 9 : 10;
 }
 int backward_kernel_for(int D, int S) {
     if (g_backward_kernel >= 0) return g_backward_kernel;

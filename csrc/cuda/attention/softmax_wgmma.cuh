@@ -37,13 +37,14 @@ __device__ __forceinline__ void issue_scores(float (&s)[BN / 8][4], const uint64
     wgmma::commit();
 }
 
-// O_wg (64 x D) += P (64 x BN, bf16 A-fragments pa) V (BN x D at sV, panels of BN x 128 bytes, N-major),
-// k-steps of 16 keys (2048 bytes); committed as one group, with whatever was issued since the fence
-template <int P, int W, int BN, int D>
+// O_wg (64 x D) += P (64 x BN, bf16 A-fragments pa) V (the first BN rows x D at sV, panels of Rows x 128
+// bytes, N-major), k-steps of 16 keys (2048 bytes); committed as one group, with whatever was issued
+// since the fence
+template <int P, int W, int BN, int D, int Rows = BN>
 __device__ __forceinline__ void issue_pv(float (&acc)[D / 8][4], const uint32_t (&pa)[BN / 16][4], uint32_t sV) {
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-        const uint64_t desc_v = wgmma::desc(sV + p * (BN * 128));
+        const uint64_t desc_v = wgmma::desc(sV + p * (Rows * 128));
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
             wgmma::mma_rs_n_major(wgmma::columns<W>(acc, p * W), pa[kk], desc_v + 128 * kk);

@@ -153,5 +153,16 @@ __device__ __forceinline__ void load_rows(uint32_t dst, const CUtensorMap* map, 
         tma::load_4d(dst + p * (R * 128), map, bar, p * 64, rows_inner ? row0 : h, rows_inner ? h : row0, b);
 }
 
+// the swizzled (R, D) tile at src -> rows [row0, row0 + R) of head h, batch b (rows past the map's end
+// left out), panel by panel, as one bulk group of the calling thread's
+template <int P, int R>
+__device__ __forceinline__ void store_rows(const CUtensorMap* map, bool rows_inner, uint32_t src, int row0, int h,
+                                           int b) {
+#pragma unroll
+    for (int p = 0; p < P; ++p)
+        tma::store_4d(map, src + p * (R * 128), p * 64, rows_inner ? row0 : h, rows_inner ? h : row0, b);
+    tma::commit();
+}
+
 }  // namespace attn
 }  // namespace engine

@@ -1,5 +1,5 @@
 // Hopper's asynchronous copies (sm_90): mbarriers, and TMA loads of a tensor map's box into shared
-// memory that complete on an mbarrier (cp.async.bulk.tensor). The host side, making the tensor
+// memory that complete on an mbarrier (cp.async.bulk.tensor), TMA stores and bulk reductions back. The host side, making the tensor
 // maps, is runtime/tma.h.
 //
 // An mbarrier counts arrivals and, with expect_tx, bytes still to land; a phase completes when both
@@ -63,6 +63,14 @@ __device__ __forceinline__ void reduce_add_f32(float* dst, uint32_t src, uint32_
 __device__ __forceinline__ void reduce_add_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
     asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
                  ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
+// shared address src (1024-byte aligned, in the 128-byte swizzle) -> the box of `map` at coordinates (c0
+// innermost .. c3); out-of-bounds elements are left out. Asynchronous: a bulk group of this thread's,
+// which commit() closes; src may be rewritten once wait_read says the group has read it
+__device__ __forceinline__ void store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                  : "memory");
 }
 __device__ __forceinline__ void commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
