@@ -54,11 +54,11 @@ __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_inde
 // and once for each entry it skips), so the turns stay in step across warpgroups and items; it is
 // never held across a wait.
 //
-//
 // A consumer whose queries see only the first half of their last key tile (under a causal mask, half
 // of the consumers' last tiles) takes the softmax of that half alone and multiplies P V over its keys
-// only. (S stays a whole tile's product: a product of half the width in a branch made ptxas serialise
-// the wgmma of most of the kernels, for lack of registers.)
+// only. (S stays a whole tile's product: written into the first columns of s, a product of half the
+// width made ptxas serialise the wgmma of most of the kernels, for lack of registers; an accumulator of
+// its own does not, but is not measured yet.)
 //
 // Each consumer stages its output in a tile of its own (stage_output) and one of its threads hands it
 // to a TMA store (map to), as FlashAttention-3's epilogue does, instead of each thread storing its pairs
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             softmax(0, half);
             to_frags(half);
         };
-        if (wg_tiles == 0) {
+        if (wg_tiles == 0) {  // (nothing: its release is above)
         } else if (wg_tiles == 1 && half_last) first(yes{});
         else first(no{});
         // O += P_it V_it; with `next` (a compile-time flag: no wgmma sits in a branch), also S_{it+1} and

@@ -1,6 +1,6 @@
-// Hopper's asynchronous copies (sm_90): mbarriers, and TMA loads of a tensor map's box into shared
-// memory that complete on an mbarrier (cp.async.bulk.tensor), TMA stores and bulk reductions back. The host side, making the tensor
-// maps, is runtime/tma.h.
+// Hopper's asynchronous copies (sm_90): mbarriers, TMA loads of a tensor map's box into shared memory
+// that complete on an mbarrier (cp.async.bulk.tensor), and TMA stores and bulk reductions back to
+// global memory. The host side, making the tensor maps, is runtime/tma.h.
 //
 // An mbarrier counts arrivals and, with expect_tx, bytes still to land; a phase completes when both
 // reach zero, and the barrier flips to the next phase. wait(bar, parity) returns once the phase of
