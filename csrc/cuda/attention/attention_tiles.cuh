@@ -118,23 +118,31 @@ __device__ __forceinline__ KeySlice key_slice(const __nv_bfloat16* q, const __nv
 // ---- the ends of the passes, on accumulators in the C-fragment layout (mma.sync's m16n8, and
 // wgmma's per warp): frag[j][0..1] = (row g, cols 8 j + 2 t, + 1), frag[j][2..3] = (row g + 8, same)
 
-// Forward: O = acc / l as bf16 for rows row[0], row[1] (< Tq) and lse = (m + log2 l) ln 2, m being the
-// scaled log2-domain max; l holds each lane's share, summed over the quad here. A row that saw no
-// key (l = 0) gets O = 0 and lse = -inf.
+// Forward, a row's end: its softmax sum l summed over the quad (each lane holds a share), 1 / l (0 for
+// a row that saw no key) ...
+__device__ __forceinline__ void sum_row(float& l) {
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+}
+__device__ __forceinline__ float inverse_sum(float l) { return l > 0.f ? 1.f / l : 0.f; }
+// ... and its lse = (m + log2 l) ln 2, m being the scaled log2-domain max (-inf for a row that saw no key)
+__device__ __forceinline__ float row_lse(float l, float m) { return l > 0.f ? (m + log2f(l)) * kLn2 : -INFINITY; }
+
+// Forward: O = acc / l as bf16 for rows row[0], row[1] (< Tq), and their lse (l holds each lane's
+// share, summed over the quad here). A row that saw no key gets O = 0 and lse = -inf.
 template <int D>
 __device__ __forceinline__ void store_output(__nv_bfloat16* ob, int64_t st, float* lse_bh, const float (&acc)[D / 8][4],
                                              float (&l)[2], const float (&m)[2], const int (&row)[2], int Tq, int t) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        sum_row(l[r]);
         if (row[r] >= Tq) continue;
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        const float inv = inverse_sum(l[r]);
         __nv_bfloat16* orow = ob + (int64_t)row[r] * st;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j)
             *reinterpret_cast<uint32_t*>(orow + j * 8 + 2 * t) = pack_bf16(acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
-        if (t == 0) lse_bh[row[r]] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+        if (t == 0) lse_bh[row[r]] = row_lse(l[r], m[r]);
     }
 }
 
@@ -149,15 +157,14 @@ __device__ __forceinline__ void stage_output(unsigned char* tile, float* lse_bh,
                                              int warp, int g, int t) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+        sum_row(l[r]);
+        const float inv = inverse_sum(l[r]);
         unsigned char* const trow = tile + (warp * 16 + g + 8 * r) * 128;  // (row % 8 = g)
 #pragma unroll
         for (int j = 0; j < D / 8; ++j)  // columns 8 j + 2 t, + 1: panel j / 8, chunk j % 8
             *reinterpret_cast<uint32_t*>(trow + (j >> 3) * (64 * 128) + (((j & 7) ^ g) << 4) + 4 * t) =
                 pack_bf16(acc[j][2 * r] * inv, acc[j][2 * r + 1] * inv);
-        if (t == 0 && row[r] < Tq) lse_bh[row[r]] = l[r] > 0.f ? (m[r] + log2f(l[r])) * kLn2 : -INFINITY;
+        if (t == 0 && row[r] < Tq) lse_bh[row[r]] = row_lse(l[r], m[r]);
     }
 }
 
