@@ -38,12 +38,18 @@ constexpr int kStages = 2;
 
 __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
 
+// a work item: its (batch, head), first query (tile 0's is -q_pad: forward() says why) and the key
+// tiles the block loads for it
+struct Item {
+    int bh, b, h, q0, ntiles;
+};
+
 // (NWG + 1) * 128 threads, one block an SM. The work items are the query tiles in attn::tile_order
 // (heaviest first). The grid is one block an item, or a persistent one of at most a block an SM. In
 // a persistent grid, block i takes item i, then the next unclaimed one from next_item (a dynamic
 // walk, next_index), and the producer loads the next item's Q (two buffers) and first K and V while
-// the consumers finish the current one. The producer writes each Q buffer's item
-// beside it (item_of) before the buffer's "full" arrival; an index past the end closes the walk. The
+// the consumers finish the current one. The producer writes each Q buffer's item, decoded, beside it
+// (item_of) before the buffer's "full" arrival; an item of (batch, head) -1 closes the walk. The
 // K/V ring runs on across items: entry e of the block's walk sits in stage e % kStages.
 //
 // With Turns (FlashAttention-3's scheduler barrier) the consumers take turns to issue their products:
@@ -55,10 +61,9 @@ __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_inde
 // never held across a wait.
 //
 // A consumer whose queries see only the first half of their last key tile (under a causal mask, half
-// of the consumers' last tiles) takes the softmax of that half alone and multiplies P V over its keys
-// only. (S stays a whole tile's product: written into the first columns of s, a product of half the
-// width made ptxas serialise the wgmma of most of the kernels, for lack of registers; an accumulator of
-// its own does not, but is not measured yet.)
+// of the consumers' last tiles) computes S over that half alone (m64n64, into an accumulator of its
+// own, sh: written into the first columns of s, it made ptxas serialise the wgmma of most of the
+// kernels, for lack of registers), takes its softmax and multiplies P V over its keys only.
 //
 // Each consumer stages its output in a tile of its own (stage_output) and one of its threads hands it
 // to a TMA store (map to), as FlashAttention-3's epilogue does, instead of each thread storing its pairs
@@ -86,14 +91,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     auto v_full = [&](int s) { return bars + 40 + 32 * s; };
     auto k_empty = [&](int s) { return bars + 48 + 32 * s; };
     auto v_empty = [&](int s) { return bars + 56 + 32 * s; };
-    // the item of each Q buffer, written by the producer before the buffer's "full" arrival
-    volatile int* item_of = reinterpret_cast<int*>(smem_raw + (bars + 32 + 32 * kStages - smem_addr(smem_raw)));
     const int qtiles = (Tq + BM - 1) / BM, work = qtiles * B * H, off = S - Tq;
-    // a work item: its (batch, head), first query (tile 0's is -q_pad: forward() says why) and the key
-    // tiles the block loads for it
-    struct Item {
-        int bh, b, h, q0, ntiles;
-    };
+    // the item of each Q buffer, written by the producer before the buffer's "full" arrival, so that the
+    // consumers do not decode it again (five divisions)
+    volatile Item* item_of = reinterpret_cast<Item*>(smem_raw + (bars + 32 + 32 * kStages - smem_addr(smem_raw)));
     auto item = [&](int index) {
         const TileOrder at = tile_order(qtiles, group, B * H, /*heavy_last=*/true, index);
         const int q0 = at.tile * BM - q_pad;
@@ -127,12 +128,17 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             for (int index = blockIdx.x, n = 0;; ++n) {
                 const int buf = n & 1;
                 tma::wait(q_empty(buf), ((n >> 1) & 1) ^ 1);  // the buffer's previous item released
-                item_of[buf] = index;
                 if (index >= work) {  // the end of the walk, for the consumers
+                    item_of[buf].bh = -1;
                     tma::arrive(q_full(buf));
                     break;
                 }
                 const Item it = item(index);
+                item_of[buf].bh = it.bh;
+                item_of[buf].b = it.b;
+                item_of[buf].h = it.h;
+                item_of[buf].q0 = it.q0;
+                item_of[buf].ntiles = it.ntiles;
                 tma::arrive_expect_tx(q_full(buf), kQ);
                 load_rows<P, BM>(sQ + buf * kQ, &tq, rows_inner & 1, q_full(buf), it.q0, it.h, it.b);
                 index = next_index(index, work, next_item);
@@ -170,9 +176,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     for (int n = 0;; ++n) {
         const int buf = n & 1;
         tma::wait(q_full(buf), (n >> 1) & 1);
-        const int index = item_of[buf];
-        if (index >= work) break;
-        const Item itm = item(index);
+        const Item itm{item_of[buf].bh, item_of[buf].b, item_of[buf].h, item_of[buf].q0, item_of[buf].ntiles};
+        if (itm.bh < 0) break;
         const int q0 = itm.q0, ntiles = itm.ntiles;
         const int wq0 = q0 + c * 64;
         const bool active = wq0 >= 0 && wq0 < Tq;  // (q_pad: whole warpgroups of the first tile lie before 0)
@@ -191,6 +196,7 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
 
         float acc[D / 8][4];
         float s[BN / 8][4];
+        float sh[BN / 16][4];  // S of a half-seen tile: its first half
         uint32_t pa[BN / 16][4];
         zero(acc);
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, alpha[2];  // rows g, g + 8
@@ -199,12 +205,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         // A-fragments; O += P_it V_e
         auto softmax = [&](int it, auto half) {
             if constexpr (half)  // (a half tile is never full: the mask's edge is in it)
-                softmax_step(wgmma::columns<BN / 2>(s, 0), m, l, alpha, false, it * BN, S, causal, row, off, t, scale2);
+                softmax_step(sh, m, l, alpha, false, it * BN, S, causal, row, off, t, scale2);
             else softmax_step(s, m, l, alpha, is_full(it), it * BN, S, causal, row, off, t, scale2);
         };
         auto half_pa = [&]() -> uint32_t (&)[BN / 32][4] { return *reinterpret_cast<uint32_t(*)[BN / 32][4]>(&pa[0]); };
         auto to_frags = [&](auto half) {
-            if constexpr (half) to_a_frags(half_pa(), wgmma::columns<BN / 2>(s, 0));
+            if constexpr (half) to_a_frags(half_pa(), sh);
             else to_a_frags(pa, s);
         };
         auto issue_o = [&](int e, auto half) {
@@ -219,10 +225,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             tma::wait(k_full(stage(e0)), phase(e0));
             wait_turn();
             wgmma::fence();
-            issue_s(s, e0);
+            if constexpr (half) issue_scores<P, W, BN / 2, BN>(sh, desc_q, sK + stage(e0) * kKV);
+            else issue_s(s, e0);
             pass_turn();
             wgmma::wait<0>();
-            wgmma::hold(s);
+            if constexpr (half) wgmma::hold(sh);
+            else wgmma::hold(s);
             if (wg_tiles == 1) release(q_empty(buf));  // its last product with Q
             release(k_empty(stage(e0)));
             softmax(0, half);
@@ -242,12 +250,16 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             wgmma::hold(acc);          // the rescale stays before the fence
             if constexpr (next) wait_turn();
             wgmma::fence();
-            if constexpr (next) issue_s(s, e + 1);
+            if constexpr (next) {
+                if constexpr (next_half) issue_scores<P, W, BN / 2, BN>(sh, desc_q, sK + stage(e + 1) * kKV);
+                else issue_s(s, e + 1);
+            }
             issue_o(e, half);
             if constexpr (next) {
                 pass_turn();
                 wgmma::wait<1>();
-                wgmma::hold(s);
+                if constexpr (next_half) wgmma::hold(sh);
+                else wgmma::hold(s);
                 if (it + 2 == wg_tiles) release(q_empty(buf));
                 release(k_empty(stage(e + 1)));
                 softmax(it + 1, next_half);
@@ -309,7 +321,7 @@ bool forward(bool dynamic, int device, cudaStream_t st, void* o, float* lse, con
         !make_map(&mv, &rv, v, lv, B, H, S, D, BN) || !make_map(&mo, &ro, o, lo, B, H, T, D, 64))
         return false;
     // Q [2], K and V [kStages], O [NWG]; the mbarriers and the Q buffers' items; slack to align the tiles
-    const int bytes = (int)Panels<D>::tile_bytes(3 * BM + 2 * kStages * BN) + 8 * (4 + 4 * kStages) + 8 + 1024;
+    const int bytes = (int)Panels<D>::tile_bytes(3 * BM + 2 * kStages * BN) + 8 * (4 + 4 * kStages) + 2 * (int)sizeof(Item) + 1024;
     auto kernel = fwd_ws_kernel<D, NWG, BN, Turns>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention");
     // a block an item, or (dynamic) at most a block an SM walking the items

@@ -26,11 +26,11 @@ __device__ __forceinline__ float ex2(float x) {
 
 // S (64 x BN) = Q_wg K^T for a warpgroup's 64 queries: desc_q[p] describes panel p of its Q rows,
 // sK the key tile (BN rows, panels of BN x 128 bytes); issued and committed as one group
-template <int P, int W, int BN>
+template <int P, int W, int BN, int Rows = BN>
 __device__ __forceinline__ void issue_scores(float (&s)[BN / 8][4], const uint64_t (&desc_q)[P], uint32_t sK) {
 #pragma unroll
     for (int p = 0; p < P; ++p) {
-        const uint64_t desc_k = wgmma::desc(sK + p * (BN * 128));
+        const uint64_t desc_k = wgmma::desc(sK + p * (Rows * 128));
 #pragma unroll
         for (int kk = 0; kk < W / 16; ++kk) wgmma::mma_ss(s, desc_q[p] + 2 * kk, desc_k + 2 * kk, p > 0 || kk > 0);
     }
@@ -66,16 +66,19 @@ __device__ __forceinline__ void rescale_rows(float (&acc)[N][4], const float (&a
 
 // Scores outside the mask -> -inf: keys >= S and, if causal, keys after the query (aligned bottom-
 // right: key <= query + off). Fragment layout: s[j][e] is (row[e / 2], key k0 + 8 j + 2 t + e % 2).
+// Both bounds are one: a row's keys from min(S, query + off + 1) on are hidden, so each element
+// compares its constant column offset within the lane (8 j + e % 2) with the row's bound.
 template <int N>
 __device__ __forceinline__ void mask_scores(float (&s)[N][4], int k0, int S, bool causal, const int (&row)[2], int off,
                                             int t) {
+    int hidden[2];  // the row's first hidden key, counted from this lane's first column
+#pragma unroll
+    for (int r = 0; r < 2; ++r) hidden[r] = (causal ? min(S, row[r] + off + 1) : S) - (k0 + 2 * t);
 #pragma unroll
     for (int j = 0; j < N; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int col = k0 + j * 8 + 2 * t + (e & 1);
-            if (col >= S || (causal && col > row[e >> 1] + off)) s[j][e] = -INFINITY;
-        }
+        for (int e = 0; e < 4; ++e)
+            if (j * 8 + (e & 1) >= hidden[e >> 1]) s[j][e] = -INFINITY;
 }
 
 // One tile's step of the online softmax in the log2 domain, on S (64 x BN) in registers: mask (unless
