@@ -190,9 +190,6 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
         uint64_t desc_q[P];  // panel p of this warpgroup's 64 rows of Q
 #pragma unroll
         for (int p = 0; p < P; ++p) desc_q[p] = wgmma::desc(sQ + buf * kQ + p * (BM * 128) + c * 64 * 128);
-        auto issue_s = [&](float (&s)[BN / 8][4], int e) {  // S = Q_wg K_e^T
-            issue_scores<P, W, BN>(s, desc_q, sK + stage(e) * kKV);
-        };
 
         float acc[D / 8][4];
         float s[BN / 8][4];
@@ -213,6 +210,14 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             if constexpr (half) to_a_frags(half_pa(), sh);
             else to_a_frags(pa, s);
         };
+        auto issue_s = [&](int e, auto half) {  // S = Q_wg K_e^T (with `half`, over the tile's first half)
+            if constexpr (half) issue_scores<P, W, BN / 2, BN>(sh, desc_q, sK + stage(e) * kKV);
+            else issue_scores<P, W, BN>(s, desc_q, sK + stage(e) * kKV);
+        };
+        auto hold_s = [&](auto half) {
+            if constexpr (half) wgmma::hold(sh);
+            else wgmma::hold(s);
+        };
         auto issue_o = [&](int e, auto half) {
             if constexpr (half) issue_pv<P, W, BN / 2, D, BN>(acc, half_pa(), sV + stage(e) * kKV);
             else issue_pv<P, W, BN, D>(acc, pa, sV + stage(e) * kKV);
@@ -225,12 +230,10 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             tma::wait(k_full(stage(e0)), phase(e0));
             wait_turn();
             wgmma::fence();
-            if constexpr (half) issue_scores<P, W, BN / 2, BN>(sh, desc_q, sK + stage(e0) * kKV);
-            else issue_s(s, e0);
+            issue_s(e0, half);
             pass_turn();
             wgmma::wait<0>();
-            if constexpr (half) wgmma::hold(sh);
-            else wgmma::hold(s);
+            hold_s(half);
             if (wg_tiles == 1) release(q_empty(buf));  // its last product with Q
             release(k_empty(stage(e0)));
             softmax(0, half);
@@ -250,16 +253,12 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             wgmma::hold(acc);          // the rescale stays before the fence
             if constexpr (next) wait_turn();
             wgmma::fence();
-            if constexpr (next) {
-                if constexpr (next_half) issue_scores<P, W, BN / 2, BN>(sh, desc_q, sK + stage(e + 1) * kKV);
-                else issue_s(s, e + 1);
-            }
+            if constexpr (next) issue_s(e + 1, next_half);
             issue_o(e, half);
             if constexpr (next) {
                 pass_turn();
                 wgmma::wait<1>();
-                if constexpr (next_half) wgmma::hold(sh);
-                else wgmma::hold(s);
+                hold_s(next_half);
                 if (it + 2 == wg_tiles) release(q_empty(buf));
                 release(k_empty(stage(e + 1)));
                 softmax(it + 1, next_half);
