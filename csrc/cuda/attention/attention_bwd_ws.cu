@@ -86,11 +86,22 @@ constexpr int ds_buffers(int Dq) { return split_dq(Dq) ? 2 : 1; }
 
 __device__ unsigned g_next_item;  // the dynamic walk's counter (attn::next_index)
 
+// a work item: its (batch, head), first key, first query tile and query tiles
+struct Item {
+    int bh, b, h, k0, i_begin, ntiles;
+};
+// a copy of the item the producer wrote beside a K/V buffer (ordered by the buffer's "full" barrier)
+__device__ __forceinline__ Item read_item(const volatile Item& it) {
+    return Item{it.bh, it.b, it.h, it.k0, it.i_begin, it.ntiles};
+}
+
 // (NWG + 1) * 128 threads, one block an SM. Block i takes key tile (work item) i of attn::tile_order
 // (heaviest first), then, in a persistent grid of at most a block an SM, the next unclaimed one (a
 // dynamic walk, attn::next_index); K and V sit in kv_buffers(D, Dq, BRB) buffers (two: the next item's
 // load while this one runs). The Q / dO ring runs on across items: entry e of the block's walk sits
-// in stage e % kStages.
+// in stage e % kStages. The producer writes each K/V buffer's item, decoded, beside it (item_of)
+// before the buffer's "full" arrival, so that no other thread repeats tile_order's divisions; an
+// item of (batch, head) -1 closes the walk.
 // Dq: the DqPath of dQ's partial sums; BRB: the query tile's rows (64, or 128 where dQ is split by rows);
 // Overlap: FlashAttention-3's order of a tile's steps (P^T computed while dP^T's product runs; dK's
 // product issued after dQ's, and dQ handed to dq_acc while dK's runs), else each step after the last.
@@ -131,17 +142,15 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     auto kv_empty = [&](int buf) { return bars + 8 + 16 * buf; };
     auto full = [&](int s) { return bars + 32 + 16 * s; };
     auto empty = [&](int s) { return bars + 40 + 16 * s; };
-    // the item of each K/V buffer, written by the producer before the buffer's "full" arrival
-    volatile int* item_of = reinterpret_cast<int*>(smem_raw + (bars + 32 + 16 * kStages - smem_addr(smem_raw)));
     // (summed) consumer c's staged partial: written (4 warps arrive), and read by the summing warps (2)
-    auto dq_full = [&](int c) { return bars + 40 + 16 * kStages + 16 * c; };
-    auto dq_empty = [&](int c) { return bars + 48 + 16 * kStages + 16 * c; };
+    auto dq_full = [&](int c) { return bars + 32 + 16 * kStages + 16 * c; };
+    auto dq_empty = [&](int c) { return bars + 40 + 16 * kStages + 16 * c; };
+    // the item of each K/V buffer, written by the producer before the buffer's "full" arrival
+    volatile Item* item_of = reinterpret_cast<Item*>(
+        smem_raw + (bars + 32 + 16 * kStages + (Dq == kDqSummed ? 16 * NWG : 0) - smem_addr(smem_raw)));
     auto stage = [](int e) { return e % kStages; };
     auto phase = [](int e) { return (uint32_t)((e / kStages) & 1); };
     const int ktiles = (S + BKB - 1) / BKB, work = ktiles * B * H, off = S - Tq;
-    struct Item {  // a work item: its (batch, head), first key, first query tile and query tiles
-        int bh, b, h, k0, i_begin, ntiles;
-    };
     auto item = [&](int index) {
         const TileOrder at = tile_order(ktiles, group, B * H, /*heavy_last=*/false, index);
         const int k0 = at.tile * BKB;
@@ -183,12 +192,18 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             for (int index = blockIdx.x, n = 0;; ++n) {
                 const int buf = n & 1;
                 tma::wait(kv_empty(buf), ((n >> 1) & 1) ^ 1);  // the buffer's previous item released
-                item_of[buf] = index;
                 if (index >= work) {  // the end of the walk, for the consumers and the lse / delta warp
+                    item_of[buf].bh = -1;
                     tma::arrive(kv_full(buf));
                     break;
                 }
                 const Item it = item(index);
+                item_of[buf].bh = it.bh;
+                item_of[buf].b = it.b;
+                item_of[buf].h = it.h;
+                item_of[buf].k0 = it.k0;
+                item_of[buf].i_begin = it.i_begin;
+                item_of[buf].ntiles = it.ntiles;
                 tma::arrive_expect_tx(kv_full(buf), 2 * kKeys);
                 load_rows<P, BKB>(sK + buf % kKv * kKeys, &tk, rows_inner & 2, kv_full(buf), it.k0, it.h, it.b);
                 load_rows<P, BKB>(sV + buf % kKv * kKeys, &tv, rows_inner & 4, kv_full(buf), it.k0, it.h, it.b);
@@ -205,10 +220,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             const int lane = threadIdx.x & 31;
             int e = 0;
             for (int n = 0;; ++n) {
-                tma::wait(kv_full(n & 1), (n >> 1) & 1);  // the item's index is beside its K and V
-                const int index = item_of[n & 1];
-                if (index >= work) break;
-                const Item it = item(index);
+                tma::wait(kv_full(n & 1), (n >> 1) & 1);  // the item is beside its K and V
+                const Item it = read_item(item_of[n & 1]);
+                if (it.bh < 0) break;
                 for (int j = 0; j < it.ntiles; ++j, ++e) {
                     const int s = stage(e), i0 = it.i_begin + j * BRB;
                     tma::wait(empty(s), phase(e) ^ 1);
@@ -231,10 +245,9 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
             int taken[NWG] = {};  // partials taken from each consumer so far
             for (int n = 0;; ++n) {
                 tma::wait(kv_full(n & 1), (n >> 1) & 1);
-                const int index = item_of[n & 1];
-                release(kv_empty(n & 1));  // only its index was needed: the buffer may be refilled
-                if (index >= work) break;
-                const Item it = item(index);
+                const Item it = read_item(item_of[n & 1]);
+                release(kv_empty(n & 1));  // only its item was needed: the buffer may be refilled
+                if (it.bh < 0) break;
                 int skip[NWG];
 #pragma unroll
                 for (int c = 0; c < NWG; ++c) skip[c] = skipped(it, c);
@@ -316,9 +329,8 @@ __global__ void __launch_bounds__((NWG + 1) * 128, 1)
     for (int n = 0;; ++n) {
         const int buf = n & 1;
         tma::wait(kv_full(buf), (n >> 1) & 1);
-        const int index = item_of[buf];
-        if (index >= work) break;
-        const Item itm = item(index);
+        const Item itm = read_item(item_of[buf]);
+        if (itm.bh < 0) break;
         const int kc0 = itm.k0 + 64 * c, ntiles = itm.ntiles, skip = skipped(itm, c);
         const int skip_last = skipped(itm, NWG - 1);  // (split dQ) tiles from here on, both consumers compute
         // (split dQ) consumer 0 writes its dS^T of a tile into the buffer that the other consumer read two
@@ -512,12 +524,12 @@ bool backward(bool dynamic, int device, cudaStream_t st, void* dk, void* dv, flo
         if (!tma::encode_f32(&mdq, dq_acc, 3, dims, strides, box)) return false;
     }
     // K, V [kv_buffers](BKB, D); Q, dO [kStages]; dS^T a consumer; dQ's rows a consumer, and their sum; lse,
-    // delta [kStages]; the mbarriers; slack to align the tiles to 1024 bytes
+    // delta [kStages]; the mbarriers and the K/V buffers' items; slack to align the tiles to 1024 bytes
     constexpr int kKv = kv_buffers(D, Dq, BRB);
     const int bytes = (int)Panels<D>::tile_bytes(2 * kKv * BKB + 2 * kStages * BRB) +
                       ds_buffers(Dq) * NWG * BRB * 128 +
                       NWG * dq_staging_bytes(Dq, BRB) + (Dq == kDqSummed ? dq_sum_bytes(D) + 16 * NWG : 0) +
-                      2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 8 + 1024;
+                      2 * kStages * BRB * 4 + 8 * (4 + 2 * kStages) + 2 * (int)sizeof(Item) + 1024;
     auto kernel = bwd_ws_kernel<D, NWG, Dq, BRB, Overlap>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "attention_backward");
     // a block an item, or (dynamic) at most a block an SM walking the items
