@@ -1,7 +1,8 @@
 """The fused residual add + layer norm (F.add_layer_norm; csrc/cuda/layernorm/layernorm.cu with res / dres) on
 the GPU, forward and backward, against the unfused path (x + r, then F.layer_norm) on the GPU and
 against the CPU backend, for each layer-norm kernel: the 16-byte ones (C a multiple of 8 bf16 / 4
-float32 values), the per-column ones, and the wide backward (C > 1024).
+float32 values; on Hopper the backward's rows by bulk copies), the per-column ones, and the wide
+backward (C > 1024).
 
 Tolerances: float32 atol 1e-5 + rtol 1e-4 (reductions); bf16 against the unfused GPU path 1e-2 of
 the largest value (the fused backward rounds dx + dres once, the unfused one twice)."""
@@ -13,7 +14,8 @@ import pytest
 import engine
 import engine.nn.functional as F
 
-SHAPES = [(4, 33, 768), (2, 16, 384), (3, 64), (5, 100), (7, 37), (2, 1030)]
+# (20001, C): many rows a warp, so that the Hopper backward's ring of rows wraps around several times
+SHAPES = [(4, 33, 768), (2, 16, 384), (3, 64), (5, 100), (7, 37), (2, 1030), (20001, 384), (20001, 768)]
 
 
 def _leaf(a: np.ndarray, device: str, dtype):
@@ -53,7 +55,9 @@ def test_float32_matches_cpu(shape):
     got = _run(*_inputs(shape, "cuda", engine.float32, 0)[0], *_inputs(shape, "cuda", engine.float32, 0)[1], True)
     want = _run(*_inputs(shape, "cpu", engine.float32, 0)[0], *_inputs(shape, "cpu", engine.float32, 0)[1], True)
     for g, w_, name in zip(got, want, ("s", "h", "dx", "dr", "dw", "db")):
-        np.testing.assert_allclose(g, w_, atol=1e-4, rtol=1e-4, err_msg=name)
+        # dw, db: sums over every row, whose rounding grows with the rows beside the largest sums
+        atol = 1e-5 * float(np.max(np.abs(w_))) if name in ("dw", "db") and shape[0] > 1000 else 1e-4
+        np.testing.assert_allclose(g, w_, atol=atol, rtol=1e-4, err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", [engine.float32, engine.bfloat16], ids=["float32", "bf16"])

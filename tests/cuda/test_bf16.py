@@ -83,16 +83,19 @@ def test_matmul_bf16():
     close(f32(out), ar @ br.T, what="matmul")
 
 
-@pytest.mark.parametrize("C", [384, 768, 1024, 200, 36])  # 16-byte chunks per lane: 2, 3, 4, 1; 36: per column
-def test_layer_norm_bf16(C):
-    x, xr = bf(rng.standard_normal((33, C)) * 3 + 1)
+# 16-byte chunks per lane: 2, 3, 4, 1; 36: per column. 20001 rows: many a warp (the Hopper backward's
+# ring of rows wraps around)
+@pytest.mark.parametrize("N", [33, 20001])
+@pytest.mark.parametrize("C", [384, 768, 1024, 200, 36])
+def test_layer_norm_bf16(C, N):
+    x, xr = bf(rng.standard_normal((N, C)) * 3 + 1)
     w, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
     out, mean, rstd = gpu.layer_norm(x, gpu.from_numpy(w), gpu.from_numpy(b), 1e-5)
     ref, rmean, rrstd = cpu.layer_norm(xr, w, b, 1e-5)
     assert out.dtype is BF and mean.dtype is engine.float32
     close(f32(out), ref, what="layer_norm")
     np.testing.assert_allclose(gpu.to_numpy(rstd), rrstd, rtol=1e-4)
-    g, gr = bf(rng.standard_normal((33, C)))
+    g, gr = bf(rng.standard_normal((N, C)))
     dx, dw, db = gpu.layer_norm_backward(g, x, gpu.from_numpy(w), mean, rstd)
     rdx, rdw, rdb = cpu.layer_norm_backward(gr, xr, w, rmean, rrstd)
     assert dx.dtype is BF and dw.dtype is engine.float32

@@ -145,6 +145,26 @@ __device__ __forceinline__ void store_block_sums(int C, const float* sdw, const 
     }
 }
 
+// The vector kernels' end: a thread's shares of dw and db (its chunks first, first + 32, ... of W
+// columns) added into the block's sums once every warp is done with its rows, then the block's row of
+// partials
+template <int CH, int W>
+__device__ __forceinline__ void add_block_sums(const float (&acc_dw)[CH][W], const float (&acc_db)[CH][W], int C,
+                                               int first, float* sdw, float* sdb, float* dw_part, float* db_part) {
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < CH; ++i) {
+        const int ch = first + 32 * i;
+        if (ch >= C / W) continue;
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            atomicAdd(&sdw[ch * W + k], acc_dw[i][k]);
+            atomicAdd(&sdb[ch * W + k], acc_db[i][k]);
+        }
+    }
+    store_block_sums(C, sdw, sdb, dw_part, db_part);
+}
+
 // dout (N, C) -> dx (N, C); per-block partial dw, db (gridDim.x, C). One warp per row; lane l owns
 // columns l, l + 32, ... (at most CPL of them, C <= 32 CPL): the row's values and the lane's share of
 // dw and db stay in registers across all the rows the warp visits, and each warp adds its shares to
@@ -313,19 +333,87 @@ __global__ void __launch_bounds__(128, CH <= 2 ? 4 : CH == 3 ? 3 : 2) layernorm_
             }
         }
     }
-    if (!need_w) return;
-    __syncthreads();
+    if (need_w) add_block_sums(acc_dw, acc_db, C, lane, sdw, sdb, dw_part, db_part);
+}
+
+// The same with G = ceil(chunks / 32) warps to a row (chunks of 16 bytes: C % kVec<T> == 0, at most
+// 128), lane l of the group's warp g owning chunk 32 g + l: a thread holds one chunk of a row, its
+// weights and its shares of dw and db, so that with few registers a thread many warps share an SM.
+// (The kernel is bound by its arithmetic's latency, not by the memory: with a row a warp and its
+// chunks in registers, 12 warps an SM issued an instruction every 8.6 cycles and moved 30% of the
+// DRAM's bandwidth, Nsight Compute at gpt2_124m's shape.) A block is P groups of G warps; group p
+// walks the rows p + P blockIdx.x, then on by P gridDim.x. A row's two sums meet across its warps in
+// shared memory, a slot a warp, behind the group's named barrier; rows alternate between two sets of
+// slots, so that one barrier a row orders both a row's reads and the next row but one's writes.
+// rows a block of the group kernel: blocks of 8 warps (9 at G = 3), up to 64 registers a thread
+constexpr int group_rows(int G) { return G == 3 ? 3 : 8 / G; }
+constexpr int group_blocks_per_sm(int G) { return G == 3 ? 3 : 4; }
+
+template <typename T, int G, bool RES>
+__global__ void __launch_bounds__(32 * G * group_rows(G), group_blocks_per_sm(G)) layernorm_backward_group_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
+                                                float* __restrict__ db_part, const T* __restrict__ dout,
+                                                const T* __restrict__ x, const float* __restrict__ w,
+                                                const float* __restrict__ mean, const float* __restrict__ rstd,
+                                                int64_t N, int C, const T* __restrict__ dres) {
+    constexpr int W = kVec<T>;
+    const bool need_w = dw_part != nullptr;
+    float *sdw, *sdb;
+    zeroed_block_sums(C, need_w, sdw, sdb);
+    constexpr int P = group_rows(G);
+    __shared__ float2 row_sums[2][G * P];  // [row parity][warp of the block]: a warp's sum of g w and of g w x^
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int p = warp / G, NC = C / W, ch = 32 * (warp % G) + lane;
+    const bool in = ch < NC;
+    float acc_dw[1][W], acc_db[1][W];
 #pragma unroll
-    for (int i = 0; i < CH; ++i) {
-        const int ch = lane + 32 * i;
-        if (ch >= NC) continue;
+    for (int k = 0; k < W; ++k) acc_dw[0][k] = acc_db[0][k] = 0.f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);  // a chunk past the row: 0 in float32 and bf16 alike
+    int parity = 0;
+    for (int64_t row = (int64_t)blockIdx.x * P + p; row < N; row += (int64_t)gridDim.x * P, parity ^= 1) {
+        const float m = mean[row], r = rstd[row];
+        const int64_t at = row * C;
+        const uint4 gp = in ? reinterpret_cast<const uint4*>(dout + at)[ch] : zero;
+        const uint4 xp = in ? reinterpret_cast<const uint4*>(x + at)[ch] : zero;
+        uint4 rp = zero;
+        if constexpr (RES) rp = in ? reinterpret_cast<const uint4*>(dres + at)[ch] : zero;
+        float wc[W], gv[W], xh[W], sum_g = 0.f, sum_gx = 0.f;
+        load_weights(wc, w, ch, NC);  // from L1, rather than registers held for the whole walk
+        unpack(gv, gp);
+        unpack(xh, xp);
 #pragma unroll
         for (int k = 0; k < W; ++k) {
-            atomicAdd(&sdw[ch * W + k], acc_dw[i][k]);
-            atomicAdd(&sdb[ch * W + k], acc_db[i][k]);
+            xh[k] = (xh[k] - m) * r;
+            const float gw = gv[k] * wc[k];
+            sum_g += gw;
+            sum_gx += gw * xh[k];
         }
+        sum_g = warp_sum(sum_g);
+        sum_gx = warp_sum(sum_gx);
+        if constexpr (G > 1) {
+            if (lane == 0) row_sums[parity][warp] = make_float2(sum_g, sum_gx);
+            asm volatile("bar.sync %0, %1;\n" ::"r"(1 + p), "r"(32 * G) : "memory");
+            sum_g = sum_gx = 0.f;
+#pragma unroll
+            for (int q = 0; q < G; ++q) {
+                const float2 s = row_sums[parity][p * G + q];
+                sum_g += s.x;
+                sum_gx += s.y;
+            }
+        }
+        sum_g /= C;
+        sum_gx /= C;
+        float o[W], rv[W];
+        if constexpr (RES) unpack(rv, rp);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            o[k] = (gv[k] * wc[k] - sum_g - xh[k] * sum_gx) * r;
+            if constexpr (RES) o[k] += rv[k];
+            acc_dw[0][k] += gv[k] * xh[k];
+            acc_db[0][k] += gv[k];
+        }
+        if (in) reinterpret_cast<uint4*>(dx + at)[ch] = pack(o);
     }
-    store_block_sums(C, sdw, sdb, dw_part, db_part);
+    if (need_w) add_block_sums(acc_dw, acc_db, C, ch, sdw, sdb, dw_part, db_part);
 }
 
 // The same for any C (rows wider than 2048): an atomic per element into the block's shared sums
@@ -410,17 +498,17 @@ void layernorm_backward_typed(int device, T* dx, float* dw, float* db, const T* 
         if (db) fill(device, F32, db, 0.0, C);
         return;
     }
-    const int warps = 4;
     const std::size_t smem = need_w ? 2 * C * sizeof(float) : 0;
     // One wave: as many blocks as fit on the GPU at once, each walking rows with a grid stride (a
     // second, partial wave would start its rows late); the weight-gradient partials have a row per block.
-    auto launch = [&](auto kernel) {
+    // `warps` a block, `rows` at a time a block.
+    auto launch = [&](auto kernel, int warps = 4, int rows = 4) {
         if (smem > 48 * 1024)
             check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                   "layer_norm_backward");
         int per_sm = 0;
         check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem), "layer_norm_backward");
-        const int blocks = (int)std::min<int64_t>(ceil_div(N, warps), (int64_t)std::max(1, per_sm) * sm_count(device));
+        const int blocks = (int)std::min<int64_t>(ceil_div(N, rows), (int64_t)std::max(1, per_sm) * sm_count(device));
         float* part = nullptr;
         std::size_t block = 0;
         if (need_w) part = (float*)device_alloc(2 * sizeof(float) * blocks * C, device, &block);
@@ -436,12 +524,14 @@ void layernorm_backward_typed(int device, T* dx, float* dw, float* db, const T* 
     // 16-byte chunks per lane where the rows allow (up to 4), else columns per lane: registers sized
     // for C (up to 1024; wider rows take the atomic kernel)
     const int chunks = vec_chunks<T>(C, dx, x, dout, dres);
+    // G = chunks warps to a row, group_rows(G) rows a block
     auto launch_vec = [&](auto with_res) {
         constexpr bool RES = decltype(with_res)::value;
-        if (chunks == 1) launch(layernorm_backward_vec_kernel<T, 1, RES>);
-        else if (chunks == 2) launch(layernorm_backward_vec_kernel<T, 2, RES>);
-        else if (chunks == 3) launch(layernorm_backward_vec_kernel<T, 3, RES>);
-        else launch(layernorm_backward_vec_kernel<T, 4, RES>);
+        auto groups = [&](auto kernel, int G) { launch(kernel, G * group_rows(G), group_rows(G)); };
+        if (chunks == 1) groups(layernorm_backward_group_kernel<T, 1, RES>, 1);
+        else if (chunks == 2) groups(layernorm_backward_group_kernel<T, 2, RES>, 2);
+        else if (chunks == 3) groups(layernorm_backward_group_kernel<T, 3, RES>, 3);
+        else groups(layernorm_backward_group_kernel<T, 4, RES>, 4);
     };
     if (chunks > 0 && dres) launch_vec(std::true_type{});
     else if (chunks > 0) launch_vec(std::false_type{});
