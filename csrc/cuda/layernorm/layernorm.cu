@@ -145,7 +145,7 @@ __device__ __forceinline__ void store_block_sums(int C, const float* sdw, const 
     }
 }
 
-// The vector kernels' end: a thread's shares of dw and db (its chunks first, first + 32, ... of W
+// A backward kernel's end: a thread's shares of dw and db (its chunks first, first + 32, ... of W
 // columns) added into the block's sums once every warp is done with its rows, then the block's row of
 // partials
 template <int CH, int W>
@@ -224,18 +224,8 @@ __global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict_
     store_block_sums(C, sdw, sdb, dw_part, db_part);
 }
 
-// The same with 16-byte accesses: lane l owns chunks l, l + 32, ... (at most CH) of kVec<T> adjacent
-// columns, so a warp moves 512 bytes per load instead of 64 (bf16). C % kVec<T> == 0, rows 16-byte
-// aligned. A warp has R rows in flight (rows r, r + stride, ...: the same order of the dw and db
-// sums as one at a time), their loads issued together so that each one's latency hides the
-// others'; the rows stay packed (16 bytes of T a chunk) and are unpacked where used, which costs
-// fewer registers than one row in floats.
-// With dres, dx also adds dres (the gradient that reached x's residual stream by the other path).
-// RES (dres given) decides R at compile time: two rows of three loads each measured 7% faster than
-// one row in the same registers (the blocks' case), two rows of two loads 6-11% slower, so without
-// dres a warp keeps one row in flight.
 // The weights of chunk `ch` (W columns; 1 without weights, 0 past the row), from L1 where they stay:
-// re-read for each group of R rows rather than held in registers for the whole kernel.
+// re-read for each row rather than held in registers for the whole kernel.
 template <int W>
 __device__ __forceinline__ void load_weights(float (&wc)[W], const float* __restrict__ w, int ch, int NC) {
     if (ch < NC && w) {
@@ -246,106 +236,18 @@ __device__ __forceinline__ void load_weights(float (&wc)[W], const float* __rest
     }
 }
 
-template <typename T, int CH, bool RES>
-__global__ void __launch_bounds__(128, CH <= 2 ? 4 : CH == 3 ? 3 : 2) layernorm_backward_vec_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
-                                              float* __restrict__ db_part, const T* __restrict__ dout,
-                                              const T* __restrict__ x, const float* __restrict__ w,
-                                              const float* __restrict__ mean, const float* __restrict__ rstd,
-                                              int64_t N, int C, const T* __restrict__ dres) {
-    constexpr int W = kVec<T>, R = RES ? 2 : 1;
-    const bool need_w = dw_part != nullptr;
-    float *sdw, *sdb;
-    zeroed_block_sums(C, need_w, sdw, sdb);
-    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, NC = C / W;
-    float acc_dw[CH][W], acc_db[CH][W];
-#pragma unroll
-    for (int i = 0; i < CH; ++i)
-#pragma unroll
-        for (int k = 0; k < W; ++k) acc_dw[i][k] = acc_db[i][k] = 0.f;
-    const int64_t stride = (int64_t)gridDim.x * warps;
-    const uint4 zero = make_uint4(0, 0, 0, 0);  // a lane's chunk past the row: 0 in float32 and bf16 alike
-    for (int64_t first = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); first < N; first += R * stride) {
-        uint4 gp[R][CH], xp[R][CH], rp[RES ? R : 1][CH];
-        float m[R], r[R], sum_g[R], sum_gx[R];
-#pragma unroll
-        for (int j = 0; j < R; ++j) {  // every load of the R rows first (warp-uniform: a row is a warp's)
-            const int64_t row = first + j * stride;
-            const bool live = row < N;
-            m[j] = live ? mean[row] : 0.f;
-            r[j] = live ? rstd[row] : 0.f;
-#pragma unroll
-            for (int i = 0; i < CH; ++i) {
-                const int ch = lane + 32 * i;
-                const bool in = live && ch < NC;
-                gp[j][i] = in ? reinterpret_cast<const uint4*>(dout + row * C)[ch] : zero;
-                xp[j][i] = in ? reinterpret_cast<const uint4*>(x + row * C)[ch] : zero;
-                if constexpr (RES) rp[j][i] = in ? reinterpret_cast<const uint4*>(dres + row * C)[ch] : zero;
-            }
-        }
-        // chunk by chunk, each chunk's weights read once for the R rows
-#pragma unroll
-        for (int j = 0; j < R; ++j) sum_g[j] = sum_gx[j] = 0.f;
-#pragma unroll
-        for (int i = 0; i < CH; ++i) {
-            float wc[W];
-            load_weights(wc, w, lane + 32 * i, NC);
-#pragma unroll
-            for (int j = 0; j < R; ++j) {
-                float gv[W], xh[W];
-                unpack(gv, gp[j][i]);
-                unpack(xh, xp[j][i]);
-#pragma unroll
-                for (int k = 0; k < W; ++k) {
-                    xh[k] = (xh[k] - m[j]) * r[j];
-                    float gw = gv[k] * wc[k];
-                    sum_g[j] += gw;
-                    sum_gx[j] += gw * xh[k];
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < R; ++j) {
-            sum_g[j] = warp_sum(sum_g[j]) / C;
-            sum_gx[j] = warp_sum(sum_gx[j]) / C;
-        }
-#pragma unroll
-        for (int i = 0; i < CH; ++i) {
-            const int ch = lane + 32 * i;
-            float wc[W];
-            load_weights(wc, w, ch, NC);
-#pragma unroll
-            for (int j = 0; j < R; ++j) {
-                const int64_t row = first + j * stride;
-                if (row >= N) break;
-                float gv[W], xh[W], o[W], rv[W];
-                unpack(gv, gp[j][i]);
-                unpack(xh, xp[j][i]);
-                if constexpr (RES) unpack(rv, rp[j][i]);
-#pragma unroll
-                for (int k = 0; k < W; ++k) {
-                    xh[k] = (xh[k] - m[j]) * r[j];
-                    o[k] = (gv[k] * wc[k] - sum_g[j] - xh[k] * sum_gx[j]) * r[j];
-                    if constexpr (RES) o[k] += rv[k];
-                    acc_dw[i][k] += gv[k] * xh[k];
-                    acc_db[i][k] += gv[k];
-                }
-                if (ch < NC) reinterpret_cast<uint4*>(dx + row * C)[ch] = pack(o);
-            }
-        }
-    }
-    if (need_w) add_block_sums(acc_dw, acc_db, C, lane, sdw, sdb, dw_part, db_part);
-}
-
-// The same with G = ceil(chunks / 32) warps to a row (chunks of 16 bytes: C % kVec<T> == 0, at most
-// 128), lane l of the group's warp g owning chunk 32 g + l: a thread holds one chunk of a row, its
-// weights and its shares of dw and db, so that with few registers a thread many warps share an SM.
-// (The kernel is bound by its arithmetic's latency, not by the memory: with a row a warp and its
-// chunks in registers, 12 warps an SM issued an instruction every 8.6 cycles and moved 30% of the
-// DRAM's bandwidth, Nsight Compute at gpt2_124m's shape.) A block is P groups of G warps; group p
-// walks the rows p + P blockIdx.x, then on by P gridDim.x. A row's two sums meet across its warps in
-// shared memory, a slot a warp, behind the group's named barrier; rows alternate between two sets of
-// slots, so that one barrier a row orders both a row's reads and the next row but one's writes.
-// rows a block of the group kernel: blocks of 8 warps (9 at G = 3), up to 64 registers a thread
+// The same with 16-byte accesses (C % kVec<T> == 0, at most 128 chunks of kVec<T> columns, rows
+// 16-byte aligned) and G = ceil(chunks / 32) warps to a row, lane l of the group's warp g owning
+// chunk 32 g + l: a thread holds one chunk of a row and its shares of dw and db, so that with few
+// registers a thread many warps share an SM. (The kernel is bound by its arithmetic's latency, not by
+// the memory: with a row a warp and its chunks in registers, 12 warps an SM issued an instruction
+// every 8.6 cycles and moved 30% of the DRAM's bandwidth, Nsight Compute at gpt2_124m's shape; 32
+// warps an SM here are 16-20% faster there.) A block is P groups of G warps; group p walks the rows
+// p + P blockIdx.x, then on by P gridDim.x. A row's two sums meet across its warps in shared memory, a
+// slot a warp, behind the group's named barrier; rows alternate between two sets of slots, so that
+// one barrier a row orders both a row's reads and the next row but one's writes. With dres, dx also
+// adds dres (the gradient that reached x's residual stream by the other path).
+// Rows a block: blocks of 8 warps (9 at G = 3), up to 64 registers a thread
 constexpr int group_rows(int G) { return G == 3 ? 3 : 8 / G; }
 constexpr int group_blocks_per_sm(int G) { return G == 3 ? 3 : 4; }
 
