@@ -1,8 +1,7 @@
 """The fused residual add + layer norm (F.add_layer_norm; csrc/cuda/layernorm/layernorm.cu with res / dres) on
 the GPU, forward and backward, against the unfused path (x + r, then F.layer_norm) on the GPU and
 against the CPU backend, for each layer-norm kernel: the 16-byte ones (C a multiple of 8 bf16 / 4
-float32 values; on Hopper the backward's rows by bulk copies), the per-column ones, and the wide
-backward (C > 1024).
+float32 values), the per-column ones, and the wide backward (C > 1024).
 
 Tolerances: float32 atol 1e-5 + rtol 1e-4 (reductions); bf16 against the unfused GPU path 1e-2 of
 the largest value (the fused backward rounds dx + dres once, the unfused one twice)."""
@@ -14,7 +13,7 @@ import pytest
 import engine
 import engine.nn.functional as F
 
-# (20001, C): many rows a warp, so that the Hopper backward's ring of rows wraps around several times
+# (20001, C): many rows to each of the backward's groups of warps (and its two sets of row-sum slots)
 SHAPES = [(4, 33, 768), (2, 16, 384), (3, 64), (5, 100), (7, 37), (2, 1030), (20001, 384), (20001, 768)]
 
 

@@ -83,8 +83,8 @@ def test_matmul_bf16():
     close(f32(out), ar @ br.T, what="matmul")
 
 
-# 16-byte chunks per lane: 2, 3, 4, 1; 36: per column. 20001 rows: many a warp (the Hopper backward's
-# ring of rows wraps around)
+# 16-byte chunks a row: 48, 96, 128, 25 (2, 3, 4, 1 warps to a row in the backward); 36: per column.
+# 20001 rows: many to each of the backward's groups of warps
 @pytest.mark.parametrize("N", [33, 20001])
 @pytest.mark.parametrize("C", [384, 768, 1024, 200, 36])
 def test_layer_norm_bf16(C, N):

@@ -145,23 +145,19 @@ __device__ __forceinline__ void store_block_sums(int C, const float* sdw, const 
     }
 }
 
-// A backward kernel's end: a thread's shares of dw and db (its chunks first, first + 32, ... of W
-// columns) added into the block's sums once every warp is done with its rows, then the block's row of
-// partials
-template <int CH, int W>
-__device__ __forceinline__ void add_block_sums(const float (&acc_dw)[CH][W], const float (&acc_db)[CH][W], int C,
-                                               int first, float* sdw, float* sdb, float* dw_part, float* db_part) {
+// The group kernel's end: a thread's shares of dw and db (chunk ch of W columns, none past the row's
+// NC chunks) added into the block's sums once every warp is done with its rows, then the block's row
+// of partials
+template <int W>
+__device__ __forceinline__ void add_block_sums(const float (&acc_dw)[W], const float (&acc_db)[W], int ch, int NC,
+                                               int C, float* sdw, float* sdb, float* dw_part, float* db_part) {
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < CH; ++i) {
-        const int ch = first + 32 * i;
-        if (ch >= C / W) continue;
+    if (ch < NC)
 #pragma unroll
         for (int k = 0; k < W; ++k) {
-            atomicAdd(&sdw[ch * W + k], acc_dw[i][k]);
-            atomicAdd(&sdb[ch * W + k], acc_db[i][k]);
+            atomicAdd(&sdw[ch * W + k], acc_dw[k]);
+            atomicAdd(&sdb[ch * W + k], acc_db[k]);
         }
-    }
     store_block_sums(C, sdw, sdb, dw_part, db_part);
 }
 
@@ -266,9 +262,9 @@ __global__ void __launch_bounds__(32 * G * group_rows(G), group_blocks_per_sm(G)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int p = warp / G, NC = C / W, ch = 32 * (warp % G) + lane;
     const bool in = ch < NC;
-    float acc_dw[1][W], acc_db[1][W];
+    float acc_dw[W], acc_db[W];
 #pragma unroll
-    for (int k = 0; k < W; ++k) acc_dw[0][k] = acc_db[0][k] = 0.f;
+    for (int k = 0; k < W; ++k) acc_dw[k] = acc_db[k] = 0.f;
     const uint4 zero = make_uint4(0, 0, 0, 0);  // a chunk past the row: 0 in float32 and bf16 alike
     int parity = 0;
     for (int64_t row = (int64_t)blockIdx.x * P + p; row < N; row += (int64_t)gridDim.x * P, parity ^= 1) {
@@ -310,12 +306,12 @@ __global__ void __launch_bounds__(32 * G * group_rows(G), group_blocks_per_sm(G)
         for (int k = 0; k < W; ++k) {
             o[k] = (gv[k] * wc[k] - sum_g - xh[k] * sum_gx) * r;
             if constexpr (RES) o[k] += rv[k];
-            acc_dw[0][k] += gv[k] * xh[k];
-            acc_db[0][k] += gv[k];
+            acc_dw[k] += gv[k] * xh[k];
+            acc_db[k] += gv[k];
         }
         if (in) reinterpret_cast<uint4*>(dx + at)[ch] = pack(o);
     }
-    if (need_w) add_block_sums(acc_dw, acc_db, C, ch, sdw, sdb, dw_part, db_part);
+    if (need_w) add_block_sums(acc_dw, acc_db, ch, NC, C, sdw, sdb, dw_part, db_part);
 }
 
 // The same for any C (rows wider than 2048): an atomic per element into the block's shared sums
@@ -423,10 +419,10 @@ void layernorm_backward_typed(int device, T* dx, float* dw, float* db, const T* 
             device_free(part, block, device);
         }
     };
-    // 16-byte chunks per lane where the rows allow (up to 4), else columns per lane: registers sized
-    // for C (up to 1024; wider rows take the atomic kernel)
+    // 16-byte chunks where the rows allow (up to 128 of them: G = ceil(chunks / 32) warps to a row,
+    // group_rows(G) rows a block), else columns per lane in one warp a row, registers sized for C (up to
+    // 1024; wider rows take the atomic kernel)
     const int chunks = vec_chunks<T>(C, dx, x, dout, dres);
-    // G = chunks warps to a row, group_rows(G) rows a block
     auto launch_vec = [&](auto with_res) {
         constexpr bool RES = decltype(with_res)::value;
         auto groups = [&](auto kernel, int G) { launch(kernel, G * group_rows(G), group_rows(G)); };
