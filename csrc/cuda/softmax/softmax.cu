@@ -2,6 +2,8 @@
 // its backward: the forward keeps only each row's logsumexp, the backward rebuilds softmax - onehot.
 // The fused classifier (F.linear_cross_entropy) has one kernel for both: the loss, and the gradient
 // written over the logits; and a scale by a device scalar for its backward.
+#include <cooperative_groups.h>
+
 #include <type_traits>
 
 #include "fp8/fp8.cuh"
@@ -246,6 +248,104 @@ __global__ void cross_entropy_with_grad_kernel(float* __restrict__ losses, T* lo
     if (write_softmax_minus_onehot<T, VEC>(xr, xr, t, lse, 1.f, V, x_target, d8)) losses[row] = lse - x_target;
 }
 
+// The same for long rows (a language model's vocabulary), each row read from memory once: a row is
+// a cluster of C blocks (C <= 8, on C SMs), block r holding the r-th of C equal shares of its 16-byte
+// chunks in registers, at most kRowSlots a thread. Each thread sums exp(x - its own max) and keeps
+// those exponentials; the blocks' (max, sum) pairs meet through distributed shared memory, and each
+// thread scales its exponentials by exp(its max - the row's max) / the row's sum for the gradient.
+// One exponential an element (the two-pass kernel above takes two, and reads the row twice), the
+// row's loads all in flight at once. Same contract as cross_entropy_with_grad_kernel.
+constexpr int kRowThreads = 256, kRowSlots = 4;
+
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads, 4)
+    cross_entropy_with_grad_rows_kernel(float* __restrict__ losses, T* logits, const int64_t* __restrict__ targets,
+                                        int64_t V, int64_t ignore_index, uint8_t* __restrict__ dlogits8) {
+    namespace cg = cooperative_groups;
+    constexpr int W = kVec<T>;
+    __shared__ MaxSum block_pair;  // this block's (max, sum), read by the cluster's other blocks
+    const cg::cluster_group cluster = cg::this_cluster();
+    const int C = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    const int64_t row = blockIdx.x / C, chunks = V / W, share = (chunks + C - 1) / C;
+    const int64_t c0 = rank * share + threadIdx.x, c1 = min(chunks, (rank + 1) * share);
+    uint4* xv = reinterpret_cast<uint4*>(logits + row * V);
+    uint2* d8 = dlogits8 != nullptr ? reinterpret_cast<uint2*>(dlogits8 + row * V) : nullptr;
+    const int64_t t = targets[row];  // the same for the whole cluster: no block skips a cluster barrier
+    if (t == ignore_index) {
+        for (int64_t c = c0; c < c1; c += kRowThreads) {
+            xv[c] = make_uint4(0u, 0u, 0u, 0u);
+            if (d8 != nullptr) d8[c] = make_uint2(0u, 0u);
+        }
+        if (rank == 0 && threadIdx.x == 0) losses[row] = 0.f;
+        return;
+    }
+    // the thread's chunks c0, c0 + 256, ...: every load issued before any is used; a slot past the
+    // block's share holds -inf, which adds nothing below (no branches, so the slots stay in registers)
+    const uint32_t neg_inf = sizeof(T) == 2 ? 0xff80ff80u : 0xff800000u;
+    uint4 raw[kRowSlots];
+#pragma unroll
+    for (int k = 0; k < kRowSlots; ++k)
+        raw[k] = c0 + k * kRowThreads < c1 ? xv[c0 + k * kRowThreads] : make_uint4(neg_inf, neg_inf, neg_inf, neg_inf);
+    float e[kRowSlots][W];  // x, then exp(x - m)
+    float m = -INFINITY, x_target = 0.f;
+    bool has_target = false;
+#pragma unroll
+    for (int k = 0; k < kRowSlots; ++k) {
+        unpack(e[k], raw[k]);
+        const int64_t in_chunk = t - (c0 + k * kRowThreads) * W;
+#pragma unroll
+        for (int i = 0; i < W; ++i) {
+            if (i == in_chunk && c0 + k * kRowThreads < c1) x_target = e[k][i], has_target = true;
+            m = fmaxf(m, e[k][i]);
+        }
+    }
+    MaxSum ms{m, 0.f};
+    const float m2 = m == -INFINITY ? 0.f : m * kLog2e;  // all masked (or no chunks): every exp is 0
+#pragma unroll
+    for (int k = 0; k < kRowSlots; ++k) {
+#pragma unroll
+        for (int i = 0; i < W; ++i) {
+            e[k][i] = ex2(fmaf(e[k][i], kLog2e, -m2));
+            ms.s += e[k][i];
+        }
+    }
+    ms = block_merge(ms);
+    if (threadIdx.x == 0) block_pair = ms;
+    cluster.sync();  // every block's pair written and visible
+    const int lane = threadIdx.x & 31;
+    MaxSum row_ms{-INFINITY, 0.f};
+    if (lane < C) row_ms = *cluster.map_shared_rank(&block_pair, lane);
+    row_ms = warp_merge(row_ms);
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");  // done with the others' memory
+    const float lse = row_ms.m + logf(row_ms.s);
+    const float factor = m == -INFINITY ? 0.f : ex2((m - row_ms.m) * kLog2e) / row_ms.s;
+#pragma unroll
+    for (int k = 0; k < kRowSlots; ++k) {
+        const int64_t c = c0 + k * kRowThreads;
+        const int64_t in_chunk = t - c * W;  // the target's place in this chunk, if it is in it
+        const int ti = in_chunk >= 0 && in_chunk < W ? (int)in_chunk : -1;
+#pragma unroll
+        for (int i = 0; i < W; ++i) e[k][i] = e[k][i] * factor - (i == ti ? 1.f : 0.f);
+        const uint4 packed = pack(e[k]);
+        if (c < c1) xv[c] = packed;
+        if constexpr (W == 8) {
+            if (d8 != nullptr && c < c1) {  // the codes of the bf16 values just stored
+                unpack(e[k], packed);
+                uint32_t q[2];
+#pragma unroll
+                for (int i = 0; i < W; i += 4)
+                    q[i / 4] = fp8::to_fp8x2<FP8_E5M2>(e[k][i] * kDlogitsFp8Scale, e[k][i + 1] * kDlogitsFp8Scale) |
+                               (uint32_t)fp8::to_fp8x2<FP8_E5M2>(e[k][i + 2] * kDlogitsFp8Scale,
+                                                                 e[k][i + 3] * kDlogitsFp8Scale) << 16;
+                d8[c] = make_uint2(q[0], q[1]);
+            }
+        }
+    }
+    if (has_target) losses[row] = lse - x_target;
+    if (rank == 0 && threadIdx.x == 0 && (t < 0 || t >= V)) losses[row] = NAN;  // visible, no host sync
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // no block leaves while read
+}
+
 // out (n,) = x (n,) * factor[0] with float32 arithmetic, x and out of T (they may be one buffer).
 // The fused classifier's backward: its gradients (bf16 under autocast) times the loss's float32
 // gradient, which lives on the device.
@@ -319,7 +419,23 @@ void ce_with_grad(int device, float* losses, T* logits, const int64_t* targets, 
     if (N == 0) return;
     use_device(device);
     cudaStream_t st = stream(device);
-    if (vectorizable<T>(logits, logits, V) && reinterpret_cast<std::uintptr_t>(dlogits8) % 8 == 0)
+    const bool vec = vectorizable<T>(logits, logits, V) && reinterpret_cast<std::uintptr_t>(dlogits8) % 8 == 0;
+    const int64_t chunks = V / kVec<T>, per_block = (int64_t)kRowThreads * kRowSlots;
+    if (vec && V > 2048 && chunks <= 8 * per_block) {  // a row a cluster of C blocks, in registers
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3((unsigned)(N * ((chunks + per_block - 1) / per_block)));
+        config.blockDim = dim3(kRowThreads);
+        config.stream = st;
+        cudaLaunchAttribute cluster;
+        cluster.id = cudaLaunchAttributeClusterDimension;
+        cluster.val.clusterDim.x = (unsigned)((chunks + per_block - 1) / per_block);
+        cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+        config.attrs = &cluster;
+        config.numAttrs = 1;
+        check(cudaLaunchKernelEx(&config, cross_entropy_with_grad_rows_kernel<T>, losses, logits, targets, V,
+                                 ignore_index, dlogits8),
+              "cross_entropy_with_grad_ launch");
+    } else if (vec)
         cross_entropy_with_grad_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(losses, logits, targets, V,
                                                                                        ignore_index, dlogits8);
     else
