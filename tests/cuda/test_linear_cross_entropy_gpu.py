@@ -56,11 +56,9 @@ def _unfused(x, w, t, **kw):
 
 
 @pytest.mark.parametrize("dtype", [engine.float32, BF])
-# past 2048 a row is a cluster of blocks holding it in registers, 1024 16-byte chunks a block: 4096 one
-# block, 4104 one with a chunk left over, 8200 two (bf16) or three (float32) blocks, 50304 (GPT-2's
-# padded vocabulary) 7 (bf16); 65536 bf16 eight blocks, the most; 65536 float32 and 65544 the
-# two-pass kernel
-@pytest.mark.parametrize("V", [64, 67, 515, 4096, 4104, 8200, 50304, 65536, 65544])
+# past 2048 (16-byte rows) a row is copied into shared memory whole, two rows a block: 4096, 4104, 8200,
+# and 50304 (GPT-2's padded vocabulary) in bf16; 50304 float32 and 65536 take the two-pass kernel
+@pytest.mark.parametrize("V", [64, 67, 515, 4096, 4104, 8200, 50304, 65536])
 def test_kernel_matches_cpu(dtype, V):
     """cross_entropy_with_grad_: losses, and the logits overwritten by softmax - onehot (0 on ignored rows)."""
     _, _, t = _data(9, 1, V, ignored=(2,), ignore_index=-1)
@@ -80,7 +78,7 @@ def test_kernel_matches_cpu(dtype, V):
         np.testing.assert_allclose(got_grad, want_grad, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("V", [16, 50304])  # a warp a row; a cluster of blocks a row
+@pytest.mark.parametrize("V", [16, 50304])  # a warp a row; rows staged in shared memory
 def test_kernel_out_of_range_target_gives_nan(V):
     buf = gpu.from_numpy(np.zeros((3, V), np.float32))
     losses = gpu.to_numpy(gpu.cross_entropy_with_grad_(buf, gpu.from_numpy(np.array([3, V, -2])), -100))
@@ -89,8 +87,8 @@ def test_kernel_out_of_range_target_gives_nan(V):
 
 @pytest.mark.parametrize("dtype", [engine.float32, BF])
 def test_kernel_with_masked_logits_matches_cpu(dtype):
-    """-inf logits (a masked vocabulary) add nothing, also where a block's whole share of the row is
-    masked (that block's max is -inf); the gradient there is 0 (or -1 at the target)."""
+    """-inf logits (a masked vocabulary) add nothing, also where a thread's whole share of the row is
+    masked (its running max is -inf); the gradient there is 0 (or -1 at the target)."""
     V, N = 50304, 6
     logits = (np.random.default_rng(3).standard_normal((N, V)) * 3).astype(np.float32)
     logits[:, :20000] = -np.inf  # the first blocks' shares, whole
@@ -108,7 +106,7 @@ def test_kernel_with_masked_logits_matches_cpu(dtype):
 
 
 def test_kernel_many_rows():
-    """Many waves of clusters (700 rows of 7 blocks), some rows ignored."""
+    """Many rows a block (700 rows: each buffer of a block's two refilled several times), some ignored."""
     V, N = 50304, 700
     rng = np.random.default_rng(4)
     t = rng.integers(0, V, N)
@@ -216,7 +214,7 @@ class _Head(Module):
 
 
 @pytest.mark.parametrize("autocast", [False, True])
-@pytest.mark.parametrize("V", [67, 8200])  # a warp a row; a cluster of blocks a row
+@pytest.mark.parametrize("V", [67, 8200])  # a warp a row; rows staged in shared memory
 def test_captured_step_matches_eager(autocast, V):
     rng = np.random.default_rng(4)
     batches = []

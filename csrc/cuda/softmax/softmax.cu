@@ -2,12 +2,11 @@
 // its backward: the forward keeps only each row's logsumexp, the backward rebuilds softmax - onehot.
 // The fused classifier (F.linear_cross_entropy) has one kernel for both: the loss, and the gradient
 // written over the logits; and a scale by a device scalar for its backward.
-#include <cooperative_groups.h>
-
 #include <type_traits>
 
 #include "fp8/fp8.cuh"
 #include "runtime/common.cuh"
+#include "runtime/tma.cuh"
 #include "softmax/softmax.h"
 
 namespace engine {
@@ -248,102 +247,64 @@ __global__ void cross_entropy_with_grad_kernel(float* __restrict__ losses, T* lo
     if (write_softmax_minus_onehot<T, VEC>(xr, xr, t, lse, 1.f, V, x_target, d8)) losses[row] = lse - x_target;
 }
 
-// The same for long rows (a language model's vocabulary), each row read from memory once: a row is
-// a cluster of C blocks (C <= 8, on C SMs), block r holding the r-th of C equal shares of its 16-byte
-// chunks in registers, at most kRowSlots a thread. Each thread sums exp(x - its own max) and keeps
-// those exponentials; the blocks' (max, sum) pairs meet through distributed shared memory, and each
-// thread scales its exponentials by exp(its max - the row's max) / the row's sum for the gradient.
-// One exponential an element (the two-pass kernel above takes two, and reads the row twice), the
-// row's loads all in flight at once. Same contract as cross_entropy_with_grad_kernel.
-constexpr int kRowThreads = 256, kRowSlots = 4;
+// The same for long rows (a language model's vocabulary), each row read from memory once: a block an
+// SM walks the rows blockIdx.x, + gridDim.x, ..., each copied whole into shared memory by one bulk copy
+// (TMA) while the block works on the row before, in the other of two buffers. The two passes read the
+// row from shared memory, so the logits cross the memory bus once each way (the two-pass kernel
+// above reads them twice: the row is gone from the L2 by the second pass). Rows of up to
+// kStagedBytes / 2 bytes (57856 bf16 values) where the device gives a block that much shared memory;
+// same contract as cross_entropy_with_grad_kernel.
+constexpr int kStagedThreads = 1024;
+constexpr int kStagedBytes = 226 * 1024;  // the two buffers: Hopper's 227 KB a block, less 1 KB for the block's own
 
 template <typename T>
-__global__ void __launch_bounds__(kRowThreads, 4)
-    cross_entropy_with_grad_rows_kernel(float* __restrict__ losses, T* logits, const int64_t* __restrict__ targets,
-                                        int64_t V, int64_t ignore_index, uint8_t* __restrict__ dlogits8) {
-    namespace cg = cooperative_groups;
-    constexpr int W = kVec<T>;
-    __shared__ MaxSum block_pair;  // this block's (max, sum), read by the cluster's other blocks
-    const cg::cluster_group cluster = cg::this_cluster();
-    const int C = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
-    const int64_t row = blockIdx.x / C, chunks = V / W, share = (chunks + C - 1) / C;
-    const int64_t c0 = rank * share + threadIdx.x, c1 = min(chunks, (rank + 1) * share);
-    uint4* xv = reinterpret_cast<uint4*>(logits + row * V);
-    uint2* d8 = dlogits8 != nullptr ? reinterpret_cast<uint2*>(dlogits8 + row * V) : nullptr;
-    const int64_t t = targets[row];  // the same for the whole cluster: no block skips a cluster barrier
-    if (t == ignore_index) {
-        for (int64_t c = c0; c < c1; c += kRowThreads) {
-            xv[c] = make_uint4(0u, 0u, 0u, 0u);
-            if (d8 != nullptr) d8[c] = make_uint2(0u, 0u);
-        }
-        if (rank == 0 && threadIdx.x == 0) losses[row] = 0.f;
-        return;
+__global__ void __launch_bounds__(kStagedThreads, 1)
+    cross_entropy_with_grad_staged_kernel(float* __restrict__ losses, T* logits, const int64_t* __restrict__ targets,
+                                          int64_t N, int64_t V, int64_t ignore_index, uint8_t* dlogits8) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies: Hopper on (the launcher checks)
+    extern __shared__ __align__(128) unsigned char staged[];  // two rows of V T
+    __shared__ __align__(8) uint64_t full[2];                 // buffer b holds its row
+    const uint32_t row_bytes = (uint32_t)(V * sizeof(T));
+    const uint32_t buffers = (uint32_t)__cvta_generic_to_shared(staged);
+    const uint32_t bar = (uint32_t)__cvta_generic_to_shared(full);
+    auto fetch = [&](int b, int64_t row) {  // one thread: row -> buffer b, landing on full[b]
+        if (row >= N) return;
+        tma::arrive_expect_tx(bar + 8 * b, row_bytes);
+        tma::load_bytes(buffers + b * row_bytes, logits + row * V, row_bytes, bar + 8 * b);
+    };
+    if (threadIdx.x == 0) {
+        tma::init(bar, 1);
+        tma::init(bar + 8, 1);
+        tma::fence_init();
+        fetch(0, blockIdx.x);
+        fetch(1, blockIdx.x + gridDim.x);
     }
-    // the thread's chunks c0, c0 + 256, ...: every load issued before any is used; a slot past the
-    // block's share holds -inf, which adds nothing below (no branches, so the slots stay in registers)
-    const uint32_t neg_inf = sizeof(T) == 2 ? 0xff80ff80u : 0xff800000u;
-    uint4 raw[kRowSlots];
-#pragma unroll
-    for (int k = 0; k < kRowSlots; ++k)
-        raw[k] = c0 + k * kRowThreads < c1 ? xv[c0 + k * kRowThreads] : make_uint4(neg_inf, neg_inf, neg_inf, neg_inf);
-    float e[kRowSlots][W];  // x, then exp(x - m)
-    float m = -INFINITY, x_target = 0.f;
-    bool has_target = false;
-#pragma unroll
-    for (int k = 0; k < kRowSlots; ++k) {
-        unpack(e[k], raw[k]);
-        const int64_t in_chunk = t - (c0 + k * kRowThreads) * W;
-#pragma unroll
-        for (int i = 0; i < W; ++i) {
-            if (i == in_chunk && c0 + k * kRowThreads < c1) x_target = e[k][i], has_target = true;
-            m = fmaxf(m, e[k][i]);
+    __syncthreads();
+    int it = 0;
+    for (int64_t row = blockIdx.x; row < N; row += gridDim.x, ++it) {
+        const int b = it & 1;
+        const int64_t t = targets[row];
+        T* out = logits + row * V;
+        uint8_t* d8 = dlogits8 != nullptr ? dlogits8 + row * V : nullptr;
+        tma::wait(bar + 8 * b, (it >> 1) & 1);
+        if (t == ignore_index) {
+            zero_row<T, true>(out, V, d8);
+            if (threadIdx.x == 0) losses[row] = 0.f;
+        } else {
+            const T* x = reinterpret_cast<const T*>(staged + b * row_bytes);
+            MaxSum ms = block_merge(row_max_sum<T, true>(x, V));
+            const float lse = ms.m + logf(ms.s);
+            if (threadIdx.x == 0 && (t < 0 || t >= V)) losses[row] = NAN;  // visible, no host sync
+            float x_target;
+            if (write_softmax_minus_onehot<T, true>(out, x, t, lse, 1.f, V, x_target, d8)) losses[row] = lse - x_target;
         }
-    }
-    MaxSum ms{m, 0.f};
-    const float m2 = m == -INFINITY ? 0.f : m * kLog2e;  // all masked (or no chunks): every exp is 0
-#pragma unroll
-    for (int k = 0; k < kRowSlots; ++k) {
-#pragma unroll
-        for (int i = 0; i < W; ++i) {
-            e[k][i] = ex2(fmaf(e[k][i], kLog2e, -m2));
-            ms.s += e[k][i];
+        __syncthreads();  // every thread done with buffer b: it takes the row after next
+        if (threadIdx.x == 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // our reads before the copy's writes
+            fetch(b, row + 2 * (int64_t)gridDim.x);
         }
     }
-    ms = block_merge(ms);
-    if (threadIdx.x == 0) block_pair = ms;
-    cluster.sync();  // every block's pair written and visible
-    const int lane = threadIdx.x & 31;
-    MaxSum row_ms{-INFINITY, 0.f};
-    if (lane < C) row_ms = *cluster.map_shared_rank(&block_pair, lane);
-    row_ms = warp_merge(row_ms);
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");  // done with the others' memory
-    const float lse = row_ms.m + logf(row_ms.s);
-    const float factor = m == -INFINITY ? 0.f : ex2((m - row_ms.m) * kLog2e) / row_ms.s;
-#pragma unroll
-    for (int k = 0; k < kRowSlots; ++k) {
-        const int64_t c = c0 + k * kRowThreads;
-        const int64_t in_chunk = t - c * W;  // the target's place in this chunk, if it is in it
-        const int ti = in_chunk >= 0 && in_chunk < W ? (int)in_chunk : -1;
-#pragma unroll
-        for (int i = 0; i < W; ++i) e[k][i] = e[k][i] * factor - (i == ti ? 1.f : 0.f);
-        const uint4 packed = pack(e[k]);
-        if (c < c1) xv[c] = packed;
-        if constexpr (W == 8) {
-            if (d8 != nullptr && c < c1) {  // the codes of the bf16 values just stored
-                unpack(e[k], packed);
-                uint32_t q[2];
-#pragma unroll
-                for (int i = 0; i < W; i += 4)
-                    q[i / 4] = fp8::to_fp8x2<FP8_E5M2>(e[k][i] * kDlogitsFp8Scale, e[k][i + 1] * kDlogitsFp8Scale) |
-                               (uint32_t)fp8::to_fp8x2<FP8_E5M2>(e[k][i + 2] * kDlogitsFp8Scale,
-                                                                 e[k][i + 3] * kDlogitsFp8Scale) << 16;
-                d8[c] = make_uint2(q[0], q[1]);
-            }
-        }
-    }
-    if (has_target) losses[row] = lse - x_target;
-    if (rank == 0 && threadIdx.x == 0 && (t < 0 || t >= V)) losses[row] = NAN;  // visible, no host sync
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");  // no block leaves while read
+#endif
 }
 
 // out (n,) = x (n,) * factor[0] with float32 arithmetic, x and out of T (they may be one buffer).
@@ -413,6 +374,15 @@ void ce_backward(int device, T* dlogits, const T* logits, const int64_t* targets
 }
 
 
+// the shared memory a block may opt in to on `device` (cached)
+int max_shared_per_block(int device) {
+    static int bytes[64] = {};
+    if (bytes[device] == 0)
+        check(cudaDeviceGetAttribute(&bytes[device], cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+              "shared memory per block");
+    return bytes[device];
+}
+
 template <typename T>
 void ce_with_grad(int device, float* losses, T* logits, const int64_t* targets, int64_t N, int64_t V,
                   int64_t ignore_index, uint8_t* dlogits8) {
@@ -420,21 +390,14 @@ void ce_with_grad(int device, float* losses, T* logits, const int64_t* targets, 
     use_device(device);
     cudaStream_t st = stream(device);
     const bool vec = vectorizable<T>(logits, logits, V) && reinterpret_cast<std::uintptr_t>(dlogits8) % 8 == 0;
-    const int64_t chunks = V / kVec<T>, per_block = (int64_t)kRowThreads * kRowSlots;
-    if (vec && V > 2048 && chunks <= 8 * per_block) {  // a row a cluster of C blocks, in registers
-        cudaLaunchConfig_t config = {};
-        config.gridDim = dim3((unsigned)(N * ((chunks + per_block - 1) / per_block)));
-        config.blockDim = dim3(kRowThreads);
-        config.stream = st;
-        cudaLaunchAttribute cluster;
-        cluster.id = cudaLaunchAttributeClusterDimension;
-        cluster.val.clusterDim.x = (unsigned)((chunks + per_block - 1) / per_block);
-        cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-        config.attrs = &cluster;
-        config.numAttrs = 1;
-        check(cudaLaunchKernelEx(&config, cross_entropy_with_grad_rows_kernel<T>, losses, logits, targets, V,
-                                 ignore_index, dlogits8),
-              "cross_entropy_with_grad_ launch");
+    const int64_t smem = 2 * V * (int64_t)sizeof(T);
+    if (vec && V > 2048 && smem <= kStagedBytes && compute_capability(device) >= 90 &&
+        smem + 1024 <= max_shared_per_block(device)) {  // a block an SM, rows staged
+        auto kernel = cross_entropy_with_grad_staged_kernel<T>;
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+              "cross_entropy_with_grad_");
+        const unsigned blocks = (unsigned)std::min<int64_t>(N, sm_count(device));
+        kernel<<<blocks, kStagedThreads, (size_t)smem, st>>>(losses, logits, targets, N, V, ignore_index, dlogits8);
     } else if (vec)
         cross_entropy_with_grad_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(losses, logits, targets, V,
                                                                                        ignore_index, dlogits8);
