@@ -61,8 +61,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--vocab", type=int, nargs="+", help="vocabulary sizes to time instead of the named shapes")
     args = ap.parse_args()
-    for name, (N, V) in SHAPES.items():
+    shapes = {f"vocab_{V}": (16 * 1024, V) for V in args.vocab} if args.vocab else SHAPES
+    for name, (N, V) in shapes.items():
         gb = 2 * N * V * 2 / 1e9  # bf16 logits read, gradient written
         ours = bench_engine(N, V, args.calls)
         line = {"bench": "cross_entropy_with_grad", "config": name, "N": N, "V": V, "impl": "engine",
