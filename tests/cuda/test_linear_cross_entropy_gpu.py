@@ -56,9 +56,10 @@ def _unfused(x, w, t, **kw):
 
 
 @pytest.mark.parametrize("dtype", [engine.float32, BF])
-# past 2048 (16-byte rows) a row is copied into shared memory whole, two rows a block: 4096, 4104, 8200,
-# and 50304 (GPT-2's padded vocabulary) in bf16; 50304 float32 and 65536 take the two-pass kernel
-@pytest.mark.parametrize("V", [64, 67, 515, 4096, 4104, 8200, 50304, 65536])
+# rows of 64000 bytes up to 113 KB are copied into shared memory whole, two rows a block (24584 float32,
+# 32776 and 50304, GPT-2's padded vocabulary, in bf16); shorter rows and longer ones (50304 float32,
+# 65536) take the two-pass kernel
+@pytest.mark.parametrize("V", [64, 67, 515, 4096, 4104, 8200, 24584, 32776, 50304, 65536])
 def test_kernel_matches_cpu(dtype, V):
     """cross_entropy_with_grad_: losses, and the logits overwritten by softmax - onehot (0 on ignored rows)."""
     _, _, t = _data(9, 1, V, ignored=(2,), ignore_index=-1)
@@ -78,9 +79,11 @@ def test_kernel_matches_cpu(dtype, V):
         np.testing.assert_allclose(got_grad, want_grad, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("V", [16, 50304])  # a warp a row; rows staged in shared memory
-def test_kernel_out_of_range_target_gives_nan(V):
-    buf = gpu.from_numpy(np.zeros((3, V), np.float32))
+# a warp a row; the two-pass kernel; rows staged in shared memory (float32, bf16)
+@pytest.mark.parametrize("V, dtype", [(16, engine.float32), (50304, engine.float32), (24584, engine.float32),
+                                      (50304, BF)])
+def test_kernel_out_of_range_target_gives_nan(V, dtype):
+    buf = gpu.astype(gpu.from_numpy(np.zeros((3, V), np.float32)), dtype)
     losses = gpu.to_numpy(gpu.cross_entropy_with_grad_(buf, gpu.from_numpy(np.array([3, V, -2])), -100))
     assert np.isfinite(losses[0]) and np.isnan(losses[1]) and np.isnan(losses[2])
 
@@ -214,7 +217,8 @@ class _Head(Module):
 
 
 @pytest.mark.parametrize("autocast", [False, True])
-@pytest.mark.parametrize("V", [67, 8200])  # a warp a row; rows staged in shared memory
+# a warp a row; 24584: rows staged in shared memory in float32, two passes in bf16; 32776: the reverse
+@pytest.mark.parametrize("V", [67, 24584, 32776])
 def test_captured_step_matches_eager(autocast, V):
     rng = np.random.default_rng(4)
     batches = []
