@@ -168,7 +168,8 @@ def test_an_fp8_linear_layer_matches_the_cpu_backend_forward_and_backward(activa
             assert err < 2e-2, f"step {step}, {name}: off by {err:.3g} of its norm"
 
 
-@pytest.mark.parametrize("V", [256, 250])  # 250: rows not 16-byte aligned, the kernel's scalar path
+# 250: rows not 16-byte aligned, the kernel's scalar path; 32776: rows staged in shared memory
+@pytest.mark.parametrize("V", [256, 250, 32776])
 def test_the_classifier_kernel_writes_the_gradients_e5m2_codes_as_the_reference(V):
     logits = _values((37, V), 4.0, "bf16")
     targets = rng.integers(0, V, 37)

@@ -56,8 +56,10 @@ def _unfused(x, w, t, **kw):
 
 
 @pytest.mark.parametrize("dtype", [engine.float32, BF])
-# 50304: GPT-2's padded vocabulary
-@pytest.mark.parametrize("V", [64, 67, 515, 4096, 50304])
+# rows of 64000 bytes up to 113 KB are copied into shared memory whole, two rows a block (24584 float32,
+# 32776 and 50304, GPT-2's padded vocabulary, in bf16); shorter rows and longer ones (50304 float32,
+# 65536) take the two-pass kernel
+@pytest.mark.parametrize("V", [64, 67, 515, 4096, 4104, 8200, 24584, 32776, 50304, 65536])
 def test_kernel_matches_cpu(dtype, V):
     """cross_entropy_with_grad_: losses, and the logits overwritten by softmax - onehot (0 on ignored rows)."""
     _, _, t = _data(9, 1, V, ignored=(2,), ignore_index=-1)
@@ -77,10 +79,47 @@ def test_kernel_matches_cpu(dtype, V):
         np.testing.assert_allclose(got_grad, want_grad, atol=1e-5, rtol=1e-4)
 
 
-def test_kernel_out_of_range_target_gives_nan():
-    buf = gpu.from_numpy(np.zeros((2, 16), np.float32))
-    losses = gpu.to_numpy(gpu.cross_entropy_with_grad_(buf, gpu.from_numpy(np.array([3, 16])), -100))
-    assert np.isfinite(losses[0]) and np.isnan(losses[1])
+# a warp a row; the two-pass kernel; rows staged in shared memory (float32, bf16)
+@pytest.mark.parametrize("V, dtype", [(16, engine.float32), (50304, engine.float32), (24584, engine.float32),
+                                      (50304, BF)])
+def test_kernel_out_of_range_target_gives_nan(V, dtype):
+    buf = gpu.astype(gpu.from_numpy(np.zeros((3, V), np.float32)), dtype)
+    losses = gpu.to_numpy(gpu.cross_entropy_with_grad_(buf, gpu.from_numpy(np.array([3, V, -2])), -100))
+    assert np.isfinite(losses[0]) and np.isnan(losses[1]) and np.isnan(losses[2])
+
+
+@pytest.mark.parametrize("dtype", [engine.float32, BF])
+def test_kernel_with_masked_logits_matches_cpu(dtype):
+    """-inf logits (a masked vocabulary) add nothing, also where a thread's whole share of the row is
+    masked (its running max is -inf); the gradient there is 0 (or -1 at the target)."""
+    V, N = 50304, 6
+    logits = (np.random.default_rng(3).standard_normal((N, V)) * 3).astype(np.float32)
+    logits[:, :20000] = -np.inf  # the first blocks' shares, whole
+    logits[:, 30000::7] = -np.inf
+    t = np.array([20000, 25000, 40000, 50303, 20001, 30001])  # 30001 is not masked (30000 + 7 k only)
+    buf = gpu.astype(gpu.from_numpy(logits), dtype)
+    ref = gpu.to_numpy(gpu.astype(buf, engine.float32))
+    losses = gpu.to_numpy(gpu.cross_entropy_with_grad_(buf, gpu.from_numpy(t), -100))
+    want_grad = ref.copy()
+    want_losses = cpu.cross_entropy_with_grad_(want_grad, t, -100)
+    np.testing.assert_allclose(losses, want_losses, atol=1e-5, rtol=1e-4)
+    got = gpu.to_numpy(gpu.astype(buf, engine.float32))
+    assert np.isfinite(got).all() and not got[:, :20000].any()
+    np.testing.assert_allclose(got, want_grad, atol=1e-2 if dtype is BF else 1e-5, rtol=1e-4)
+
+
+def test_kernel_many_rows():
+    """Many rows a block (700 rows: each buffer of a block's two refilled several times), some ignored."""
+    V, N = 50304, 700
+    rng = np.random.default_rng(4)
+    t = rng.integers(0, V, N)
+    t[::50] = -100
+    buf = gpu.astype(gpu.from_numpy((rng.standard_normal((N, V)) * 2).astype(np.float32)), BF)
+    want_grad = gpu.to_numpy(gpu.astype(buf, engine.float32))
+    want = cpu.cross_entropy_with_grad_(want_grad, t, -100)
+    got = gpu.to_numpy(gpu.cross_entropy_with_grad_(buf, gpu.from_numpy(t), -100))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    _close_bf16(gpu.to_numpy(gpu.astype(buf, engine.float32)), want_grad, rtol=1e-2, what="dlogits")
 
 
 @pytest.mark.parametrize("dtype", [engine.float32, BF])
@@ -178,17 +217,19 @@ class _Head(Module):
 
 
 @pytest.mark.parametrize("autocast", [False, True])
-def test_captured_step_matches_eager(autocast):
+# a warp a row; 24584: rows staged in shared memory in float32, two passes in bf16; 32776: the reverse
+@pytest.mark.parametrize("V", [67, 24584, 32776])
+def test_captured_step_matches_eager(autocast, V):
     rng = np.random.default_rng(4)
     batches = []
     for _ in range(5):
-        y = rng.integers(0, 67, 24)
+        y = rng.integers(0, V, 24)
         y[:3] = -1
         batches.append((rng.standard_normal((24, 32)).astype(np.float32), y))
     runs = []
     for use_graph in (False, True):
         engine.manual_seed(0)
-        model = _Head().to("cuda")
+        model = _Head(V=V).to("cuda")
         opt = AdamW(model.parameters(), lr=1e-2)
 
         def step(x, y, model=model, opt=opt):

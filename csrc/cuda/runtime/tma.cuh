@@ -50,6 +50,14 @@ __device__ __forceinline__ void load_4d(uint32_t dst, const CUtensorMap* map, ui
         : "memory");
 }
 
+// bytes (a multiple of 16) at global src (16-byte aligned) -> shared address dst (16-byte aligned): a
+// plain 1-D bulk copy (no tensor map), whose bytes count against bar's expected transactions
+__device__ __forceinline__ void load_bytes(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 // bytes (a multiple of 16) of float32 at shared address src added into global dst (16-byte aligned)
 // by the L2, asynchronously: a bulk group of this thread's, which commit() closes
 __device__ __forceinline__ void reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
