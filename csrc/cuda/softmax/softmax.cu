@@ -394,8 +394,8 @@ void ce_with_grad(int device, float* losses, T* logits, const int64_t* targets, 
     use_device(device);
     cudaStream_t st = stream(device);
     const bool vec = vectorizable<T>(logits, logits, V) && reinterpret_cast<std::uintptr_t>(dlogits8) % 8 == 0;
-    const int64_t smem = 2 * V * (int64_t)sizeof(T);
-    if (vec && V * (int64_t)sizeof(T) >= kStagedMinRowBytes && smem <= kStagedBytes && compute_capability(device) >= 90 &&
+    const int64_t row_bytes = V * (int64_t)sizeof(T), smem = 2 * row_bytes;  // two rows staged a block
+    if (vec && row_bytes >= kStagedMinRowBytes && smem <= kStagedBytes && compute_capability(device) >= 90 &&
         smem + 1024 <= max_shared_per_block(device)) {  // a block an SM, rows staged
         auto kernel = cross_entropy_with_grad_staged_kernel<T>;
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
