@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--vocab", type=int, nargs="+", help="vocabulary sizes to time instead of the named shapes")
     args = ap.parse_args()
+    if args.vocab and min(args.vocab) < 2:
+        ap.error(f"--vocab: sizes of 2 and more, got {min(args.vocab)}")
     shapes = {f"vocab_{V}": (16 * 1024, V) for V in args.vocab} if args.vocab else SHAPES
     for name, (N, V) in shapes.items():
         gb = 2 * N * V * 2 / 1e9  # bf16 logits read, gradient written
