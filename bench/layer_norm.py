@@ -6,6 +6,10 @@ weights are float32; PyTorch's CUDA kernel wants them in the activations' dtype,
 The engine's op also adds the residual stream's gradient inside the kernel (`residual` lines:
 F.add_layer_norm's backward); PyTorch's `native_layer_norm_backward` has no such input, so its
 line is the backward alone, and `torch_plus_add` adds the separate add a step would make.
+`us_residual_bias` is the engine's op as a GPT step calls it since the projections' biases moved
+into it: the residual add's gradient and the column sums of the result (the attention or MLP
+projection's bias gradient) in the same kernel; `us_bias_grad_pass` is the Linear layer's own
+column-sum pass over the same gradient that this replaces.
 
     python bench/layer_norm.py            # one JSON line per (shape, implementation): us per call
 """
@@ -26,7 +30,8 @@ def timed(call, sync, calls: int, warmup: int = 20) -> float:
 
 def bench_engine(N: int, C: int, calls: int) -> dict:
     import engine
-    from engine.backends.cuda.nn import layer_norm, layer_norm_backward
+    from engine.backends.cuda.matmul import _bias_grad
+    from engine.backends.cuda.nn import add_layer_norm_backward, layer_norm, layer_norm_backward
 
     rng = np.random.default_rng(0)
 
@@ -38,7 +43,10 @@ def bench_engine(N: int, C: int, calls: int) -> dict:
     _, mean, rstd = layer_norm(x, w, b, 1e-5)
     return {"us": timed(lambda: layer_norm_backward(g, x, w, mean, rstd, True), engine.cuda.synchronize, calls),
             "us_residual": timed(lambda: layer_norm_backward(g, x, w, mean, rstd, True, res),
-                                 engine.cuda.synchronize, calls)}
+                                 engine.cuda.synchronize, calls),
+            "us_residual_bias": timed(lambda: add_layer_norm_backward(g, res, x, w, mean, rstd, True, True),
+                                      engine.cuda.synchronize, calls),
+            "us_bias_grad_pass": timed(lambda: _bias_grad(res, None, engine.float32), engine.cuda.synchronize, calls)}
 
 
 def bench_torch(N: int, C: int, calls: int) -> dict:

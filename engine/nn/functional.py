@@ -99,10 +99,13 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
 
 
 def add_layer_norm(x: Tensor, residual: Tensor, normalized_shape, weight: Tensor | None = None,
-                   bias: Tensor | None = None, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
-    """(s, layer_norm(s)) with s = x + residual, in one op: the residual stream of a pre-LN transformer
-    and the next sublayer's input (one pass on the GPU instead of an add and a layer norm, and in the
-    backward the stream's gradient is added inside the layer-norm kernel). x, residual (..., C)."""
+                   bias: Tensor | None = None, eps: float = 1e-5,
+                   residual_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(s, layer_norm(s)) with s = x + residual (+ residual_bias), in one op: the residual stream of a
+    pre-LN transformer and the next sublayer's input (one pass on the GPU instead of an add and a layer
+    norm, and in the backward the stream's gradient is added inside the layer-norm kernel).
+    x, residual (..., C); residual_bias (C,): the bias of the linear layer that made residual, run
+    without it, whose gradient the layer norm's backward then sums with no pass of its own."""
     normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(normalized_shape) != 1 or x.shape[-1] != normalized_shape[0]:
         raise ValueError(f"add_layer_norm: normalises over the last dim only; got normalized_shape "
@@ -111,7 +114,9 @@ def add_layer_norm(x: Tensor, residual: Tensor, normalized_shape, weight: Tensor
         raise ValueError(f"add_layer_norm: x {x.shape} and residual {residual.shape} must have one shape")
     if weight is None and bias is not None:
         raise ValueError("add_layer_norm: a bias without a weight is not supported")
-    return N.AddLayerNorm.apply(x, residual, weight, bias, eps=eps)
+    if residual_bias is not None and tuple(residual_bias.shape) != (x.shape[-1],):
+        raise ValueError(f"add_layer_norm: residual_bias must have shape ({x.shape[-1]},), got {residual_bias.shape}")
+    return N.AddLayerNorm.apply(x, residual, weight, bias, residual_bias, eps=eps)
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:

@@ -42,9 +42,9 @@ class LayerNorm(Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
-    def add_forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
-        """(x + residual, this layer norm of it), in one op (F.add_layer_norm)."""
-        return F.add_layer_norm(x, residual, self.normalized_shape, self.weight, self.bias, self.eps)
+    def add_forward(self, x: Tensor, residual: Tensor, residual_bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(x + residual (+ residual_bias), this layer norm of it), in one op (F.add_layer_norm)."""
+        return F.add_layer_norm(x, residual, self.normalized_shape, self.weight, self.bias, self.eps, residual_bias)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}"

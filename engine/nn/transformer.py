@@ -33,6 +33,23 @@ class KVCache:
         return self.k, self.v
 
 
+def project_bias_deferred(linear: Linear, dropout: Dropout, x: Tensor) -> tuple[Tensor, Tensor | None]:
+    """dropout(linear(x)) as (out, bias), out + bias being it: the layer's bias left to the caller's
+    next op, F.add_layer_norm's residual_bias, so that on the GPU the bias's gradient is summed by the
+    layer norm's backward rather than by a pass of its own over the gradient. bias is None where it
+    cannot wait (then out has it): a layer without a bias, dropout at work after the layer, or an FP8
+    layer (whose bias-gradient pass also writes the gradient's FP8 codes)."""
+    if linear.bias is None or linear.fp8 is not None or (dropout.training and dropout.p > 0):
+        return dropout(linear(x)), None
+    return F.linear(x, linear.weight, None), linear.bias
+
+
+def add_deferred(x: Tensor, pending: tuple[Tensor, Tensor | None]) -> Tensor:
+    """x + out (+ bias) for pending = (out, bias) of project_bias_deferred."""
+    out, bias = pending
+    return x + out if bias is None else x + out + bias
+
+
 class MultiHeadAttention(Module):
     """Self-attention with one fused q/k/v projection.  x (B, T, C) -> (B, T, C).
 
@@ -49,6 +66,15 @@ class MultiHeadAttention(Module):
         self.resid_dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, cache: KVCache | None = None, attn_mask: Tensor | None = None) -> Tensor:
+        return self.resid_dropout(self.c_proj(self.attend(x, cache, attn_mask)))
+
+    def forward_bias_deferred(self, x: Tensor, cache: KVCache | None = None,
+                              attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """forward(x) as (out, c_proj's bias or None), their sum being it (project_bias_deferred)."""
+        return project_bias_deferred(self.c_proj, self.resid_dropout, self.attend(x, cache, attn_mask))
+
+    def attend(self, x: Tensor, cache: KVCache | None = None, attn_mask: Tensor | None = None) -> Tensor:
+        """The heads' attention, before the output projection.  x (B, T, C) -> (B, T, C)."""
         B, T, C = x.shape
         H, D = self.n_head, C // self.n_head
         dropout_p = self.attn_dropout if self.training else 0.0
@@ -57,16 +83,14 @@ class MultiHeadAttention(Module):
             # dropout inside the kernel. Not on the CPU, whose numpy reference of this op recomputes
             # the scores in the backward: there the split-heads path below is 25% faster per
             # training step (bench/cpu_step.py)
-            y = F.self_attention(self.c_attn(x), H, is_causal=self.causal, dropout_p=dropout_p)
-            return self.resid_dropout(self.c_proj(y))
+            return F.self_attention(self.c_attn(x), H, is_causal=self.causal, dropout_p=dropout_p)
         qkv = self.c_attn(x).reshape(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
         q, k, v = qkv[0], qkv[1], qkv[2]
         if cache is not None:
             k, v = cache.append(k, v)  # (B, H, S, D) with S = cached + T
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=self.causal,
                                            dropout_p=dropout_p)
-        y = y.permute(0, 2, 1, 3).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        return y.permute(0, 2, 1, 3).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
 
 
 class MLP(Module):
@@ -79,8 +103,16 @@ class MLP(Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        fc = self.c_fc  # c_fc and GELU as one op: on the GPU in bf16 the GELU runs in the matmul's epilogue
-        return self.dropout(self.c_proj(F.linear(x, fc.weight, fc.bias, activation="gelu", fp8=fc.fp8)))
+        return self.dropout(self.c_proj(self.hidden(x)))
+
+    def forward_bias_deferred(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """forward(x) as (out, c_proj's bias or None), their sum being it (project_bias_deferred)."""
+        return project_bias_deferred(self.c_proj, self.dropout, self.hidden(x))
+
+    def hidden(self, x: Tensor) -> Tensor:
+        """gelu(c_fc(x)), (B, T, C) -> (B, T, 4C): one op, on the GPU in bf16 the GELU in the matmul's epilogue."""
+        fc = self.c_fc
+        return F.linear(x, fc.weight, fc.bias, activation="gelu", fp8=fc.fp8)
 
 
 class TransformerBlock(Module):
@@ -94,20 +126,20 @@ class TransformerBlock(Module):
         self.mlp = MLP(n_embd, dropout, bias)
 
     def forward(self, x: Tensor, cache: KVCache | None = None, attn_mask: Tensor | None = None) -> Tensor:
-        x, out = self.pending_forward(x, None, cache, attn_mask)
-        return x + out
+        return add_deferred(*self.pending_forward(x, None, cache, attn_mask))
 
-    def pending_forward(self, x: Tensor, pending: Tensor | None = None, cache: KVCache | None = None,
-                        attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """The block with its last residual add left to its successor: (stream, mlp output), whose
-        sum is forward(x + pending). `pending`, the previous block's mlp output, is added to x in
-        ln_1's op (F.add_layer_norm), so a stack of blocks has no residual add of its own."""
+    def pending_forward(self, x: Tensor, pending: tuple | None = None, cache: KVCache | None = None,
+                        attn_mask: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, Tensor | None]]:
+        """The block with its last residual add left to its successor: (stream, (mlp output, its
+        bias or None)), whose sum is forward(x + pending's sum). `pending`, the previous block's, is
+        added to x in ln_1's op (F.add_layer_norm), so a stack of blocks has no residual add of its
+        own; the projections' biases ride along into the layer norms' ops (project_bias_deferred)."""
         if pending is None:
             h = self.ln_1(x)
         else:
-            x, h = self.ln_1.add_forward(x, pending)  # x + pending, ln_1 of it
-        x, h = self.ln_2.add_forward(x, self.attn(h, cache, attn_mask))  # x + attn(...), ln_2 of it
-        return x, self.mlp(h)
+            x, h = self.ln_1.add_forward(x, *pending)  # x + pending, ln_1 of it
+        x, h = self.ln_2.add_forward(x, *self.attn.forward_bias_deferred(h, cache, attn_mask))  # x + attn(...)
+        return x, self.mlp.forward_bias_deferred(h)
 
 
 def run_blocks(blocks, x: Tensor, final_norm: LayerNorm | None, caches: list | None = None,
@@ -119,8 +151,8 @@ def run_blocks(blocks, x: Tensor, final_norm: LayerNorm | None, caches: list | N
     if pending is None:
         return final_norm(x) if final_norm is not None else x
     if final_norm is None:
-        return x + pending
-    return final_norm.add_forward(x, pending)[1]
+        return add_deferred(x, pending)
+    return final_norm.add_forward(x, *pending)[1]
 
 
 class TransformerEncoder(Module):

@@ -26,29 +26,46 @@ class LayerNorm(Function):
 
 
 class AddLayerNorm(Function):
-    """x, residual (..., C), weight (C,), bias (C,) -> (s, layer_norm(s)) with s = x + residual: the
-    residual stream of a pre-LN transformer and the next sublayer's input, in one pass. The backward
-    adds the two gradients of s (the stream's, and the layer norm's) inside the layer-norm kernel."""
+    """x, residual (..., C), weight (C,), bias (C,), residual_bias (C,) -> (s, layer_norm(s)) with
+    s = x + residual (+ residual_bias): the residual stream of a pre-LN transformer and the next
+    sublayer's input, in one pass. residual_bias is the bias of the projection that made residual, left
+    to this op: its gradient is the column sums of ds, which the layer-norm kernel sums as it writes ds
+    instead of a pass of its own over ds. The backward adds the two gradients of s (the stream's, and
+    the layer norm's) inside the layer-norm kernel."""
 
-    def forward(self, x, residual, weight=None, bias=None, eps: float = 1e-5):
+    def forward(self, x, residual, weight=None, bias=None, residual_bias=None, eps: float = 1e-5):
         self.weight = weight
         self.has_weight, self.has_bias = weight is not None, bias is not None
-        self.s, out, self.mean, self.rstd = self.be.add_layer_norm(x, residual, weight, bias, eps)
+        self.residual_bias_dtype = None if residual_bias is None else self.be.dtype_of(residual_bias)
+        self.s, out, self.mean, self.rstd = self.be.add_layer_norm(x, residual, weight, bias, eps, residual_bias)
         return self.s, out
 
     def backward(self, grads):
         g_s, g_out = grads  # either may be None: that output fed nothing
-        need_w = any(self.needs_input_grad[2:])
+        n = 2 + self.has_weight + self.has_bias  # the tensors before residual_bias
+        need_w = any(self.needs_input_grad[2:n])
+        need_rb = self.residual_bias_dtype is not None and self.needs_input_grad[n]
+        be = self.be
         if g_out is None:
             ds, dw, db = g_s, None, None
+            drb = None
+            if need_rb:  # the column sums of ds, in the bias's dtype
+                flat = be.reshape(ds, (-1, ds.shape[-1]))
+                if be.dtype_of(flat) is not self.residual_bias_dtype:
+                    flat = be.astype(flat, self.residual_bias_dtype)
+                drb = be.sum(flat, (0,), False)
         else:
-            ds, dw, db = self.be.layer_norm_backward(g_out, self.s, self.weight, self.mean, self.rstd, need_w,
-                                                     residual_grad=g_s)
+            ds, dw, db, drb = be.add_layer_norm_backward(g_out, g_s, self.s, self.weight, self.mean, self.rstd, need_w,
+                                                         need_rb)
         grads_in = [ds, ds]
         if self.has_weight:
             grads_in.append(dw)
         if self.has_bias:
             grads_in.append(db)
+        if self.residual_bias_dtype is not None:
+            if drb is not None and be.dtype_of(drb) is not self.residual_bias_dtype:
+                drb = be.astype(drb, self.residual_bias_dtype)
+            grads_in.append(drb)
         return tuple(grads_in)
 
 

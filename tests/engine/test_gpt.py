@@ -162,7 +162,8 @@ def test_bad_inputs_get_clear_errors():
 
 def test_the_blocks_with_their_adds_fused_equal_the_blocks_one_by_one():
     """GPT runs its blocks with each block's last residual add inside the next layer norm's op
-    (TransformerBlock.pending_forward): the same loss and gradients as block(x) one after another."""
+    (TransformerBlock.pending_forward) and the projections' biases added there too (left out of their
+    linear layers): the same loss and gradients as x + attn(ln_1(x)), x + mlp(ln_2(x)) op by op."""
     engine.manual_seed(0)
     model = GPT(TINY)
     rng = np.random.default_rng(1)
@@ -172,7 +173,8 @@ def test_the_blocks_with_their_adds_fused_equal_the_blocks_one_by_one():
         tr = model.transformer
         h = tr["wte"](idx) + tr["wpe"](engine.arange(0, idx.shape[1]))
         for block in tr["h"]:
-            h = block(h)
+            h = h + block.attn(block.ln_1(h))
+            h = h + block.mlp(block.ln_2(h))
         return tr["ln_f"](h)
 
     grads = []
@@ -187,3 +189,26 @@ def test_the_blocks_with_their_adds_fused_equal_the_blocks_one_by_one():
     assert abs(fused_loss - loss) < 1e-6
     for name in plain:
         np.testing.assert_allclose(fused[name], plain[name], atol=1e-7, rtol=1e-5, err_msg=name)
+
+
+def test_a_projection_bias_waits_only_where_nothing_comes_between():
+    """project_bias_deferred leaves the bias to the next op where out + bias is the layer's output;
+    with dropout at work after the layer, an FP8 layer or no bias, the layer keeps it."""
+    from engine.nn.layers import Dropout, Linear
+    from engine.nn.transformer import add_deferred, project_bias_deferred
+
+    engine.manual_seed(0)
+    lin, x = Linear(8, 4), engine.randn(3, 8)
+    out, bias = project_bias_deferred(lin, Dropout(0.1).eval(), x)
+    assert bias is lin.bias
+    np.testing.assert_allclose(add_deferred(engine.zeros(3, 4), (out, bias)).numpy(), lin(x).numpy(), rtol=1e-6)
+    assert project_bias_deferred(lin, Dropout(0.1).train(), x)[1] is None
+    assert project_bias_deferred(Linear(8, 4, bias=False), Dropout(0.0), x)[1] is None
+    lin.fp8 = object()  # an FP8 layer: its bias pass also writes the gradient's FP8 codes
+    assert project_bias_deferred(lin, Dropout(0.0), x)[1] is None
+
+
+def test_add_layer_norm_checks_the_residual_bias_shape():
+    x = engine.randn(2, 6)
+    with pytest.raises(ValueError, match="residual_bias must have shape"):
+        engine.nn.functional.add_layer_norm(x, x, 6, residual_bias=engine.zeros(5))

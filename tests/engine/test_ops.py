@@ -82,6 +82,13 @@ CASES = {
     "add_layer_norm": (lambda x, r, w, b: (lambda s, h: s * 0.5 + h * h)(*F.add_layer_norm(x, r, 6, w, b)),
                        lambda x, r, w, b: (lambda s: s * 0.5 + TF.layer_norm(s, (6,), w, b) ** 2)(x + r),
                        [(2, 3, 6), (2, 3, 6), (6,), (6,)], None),
+    # with the residual bias (a projection's bias left to the layer norm's op): both outputs, then the sum only
+    "add_layer_norm_residual_bias": (
+        lambda x, r, w, b, rb: (lambda s, h: s * 0.5 + h * h)(*F.add_layer_norm(x, r, 6, w, b, residual_bias=rb)),
+        lambda x, r, w, b, rb: (lambda s: s * 0.5 + TF.layer_norm(s, (6,), w, b) ** 2)(x + (r + rb)),
+        [(2, 3, 6), (2, 3, 6), (6,), (6,), (6,)], None),
+    "add_layer_norm_residual_bias_sum_only": (lambda x, r, rb: F.add_layer_norm(x, r, 6, residual_bias=rb)[0] * 3.0,
+                                              lambda x, r, rb: (x + (r + rb)) * 3.0, [(4, 6), (4, 6), (6,)], None),
     "add_layer_norm_out_only": (lambda x, r: F.add_layer_norm(x, r, 6)[1] ** 2,
                                 lambda x, r: TF.layer_norm(x + r, (6,)) ** 2, [(4, 6), (4, 6)], None),
     "add_layer_norm_sum_only": (lambda x, r: F.add_layer_norm(x, r, 6)[0] * 3.0, lambda x, r: (x + r) * 3.0,

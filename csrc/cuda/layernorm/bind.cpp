@@ -25,16 +25,17 @@ void bind_layernorm(py::module_& m) {
     m.def(
         "layernorm_backward_dt",
         [](int device, int dtype, addr dx, addr dw, addr db, addr dout, addr x, addr w, addr mean, addr rstd, int64_t N,
-           int64_t C, addr dres) {
+           int64_t C, addr dres, addr ds) {
             layernorm_backward_dt(device, dtype, P(dx), P<float>(dw), P<float>(db), P(dout), P(x), P<const float>(w),
-                                  P<const float>(mean), P<const float>(rstd), N, C, P(dres));
+                                  P<const float>(mean), P<const float>(rstd), N, C, P(dres), P<float>(ds));
         },
         py::arg("device"), py::arg("dtype"), py::arg("dx"), py::arg("dw"), py::arg("db"), py::arg("dout"), py::arg("x"),
-        py::arg("w"), py::arg("mean"), py::arg("rstd"), py::arg("N"), py::arg("C"), py::arg("dres") = 0);
+        py::arg("w"), py::arg("mean"), py::arg("rstd"), py::arg("N"), py::arg("C"), py::arg("dres") = 0,
+        py::arg("ds") = 0);
     m.def("layernorm_add_forward_dt", [](int device, int dtype, addr out, addr sum, addr mean, addr rstd, addr x,
-                                         addr res, addr w, addr b, int64_t N, int64_t C, float eps) {
+                                         addr res, addr rb, addr w, addr b, int64_t N, int64_t C, float eps) {
         layernorm_add_forward_dt(device, dtype, P(out), P(sum), P<float>(mean), P<float>(rstd), P(x), P(res),
-                                 P<const float>(w), P<const float>(b), N, C, eps);
+                                 P<const float>(rb), P<const float>(w), P<const float>(b), N, C, eps);
     });
 }
 

@@ -15,11 +15,13 @@ __device__ __forceinline__ void stf(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void stf(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
 
 // x (N, C) -> out (N, C), mean (N,), rstd (N,); w, b (C,) or null. T: float or bf16 (statistics,
-// weights and arithmetic in float32). With res (N, C), the row normalised is x + res, rounded to T as
-// the add alone would, and written to sum: the residual stream of a pre-LN transformer, in one pass.
+// weights and arithmetic in float32). With res (N, C), the row normalised is x + res, or x + (res + rb)
+// with rb (C,) (the bias of the projection that made res) where not null, summed in float32 and
+// rounded to T once, and written to sum: the residual stream of a pre-LN transformer, in one pass.
 template <typename T>
 __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                                         const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum,
+                                         const T* __restrict__ x, const T* __restrict__ res,
+                                         const float* __restrict__ rb, T* __restrict__ sum,
                                          const float* __restrict__ w, const float* __restrict__ b, int64_t N, int C,
                                          float eps) {
     int lane = threadIdx.x & 31;
@@ -27,7 +29,8 @@ __global__ void layernorm_forward_kernel(T* __restrict__ out, float* __restrict_
     if (row >= N) return;
     const T* xr = x + row * C;
     if (res) {  // each lane reads back only the columns it wrote
-        for (int c = lane; c < C; c += 32) stf(sum + row * C, c, ldf(xr, c) + ldf(res + row * C, c));
+        for (int c = lane; c < C; c += 32)
+            stf(sum + row * C, c, ldf(xr, c) + (ldf(res + row * C, c) + (rb ? rb[c] : 0.f)));
         xr = sum + row * C;
     }
     float s = 0.f;
@@ -64,10 +67,11 @@ __device__ __forceinline__ void load_floats(float (&v)[W], const float* __restri
 
 // The same with 16-byte accesses and the row in registers (one read of x, one write of out): lane l
 // owns chunks l, l + 32, ... (at most CH) of kVec<T> adjacent columns. C % kVec<T> == 0, rows 16-byte
-// aligned. res and sum as in layernorm_forward_kernel.
+// aligned. res, rb and sum as in layernorm_forward_kernel.
 template <typename T, int CH>
 __global__ void layernorm_forward_vec_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                                             const T* __restrict__ x, const T* __restrict__ res, T* __restrict__ sum,
+                                             const T* __restrict__ x, const T* __restrict__ res,
+                                             const float* __restrict__ rb, T* __restrict__ sum,
                                              const float* __restrict__ w, const float* __restrict__ b, int64_t N,
                                              int C, float eps) {
     constexpr int W = kVec<T>;
@@ -83,10 +87,11 @@ __global__ void layernorm_forward_vec_kernel(T* __restrict__ out, float* __restr
         if (ch < NC) {
             unpack(xv[i], xr[ch]);
             if (res) {
-                float rv[W];
+                float rv[W], bv[W];
                 unpack(rv, reinterpret_cast<const uint4*>(res + row * C)[ch]);
+                load_floats(bv, rb, ch * W, 0.f);
 #pragma unroll
-                for (int k = 0; k < W; ++k) xv[i][k] += rv[k];
+                for (int k = 0; k < W; ++k) xv[i][k] += rv[k] + bv[k];
                 const uint4 packed = pack(xv[i]);
                 reinterpret_cast<uint4*>(sum + row * C)[ch] = packed;
                 unpack(xv[i], packed);  // the rounded sum, as the layer norm of the stored one would see
@@ -126,54 +131,65 @@ __global__ void layernorm_forward_vec_kernel(T* __restrict__ out, float* __restr
     }
 }
 
-// The backward kernels' per-block weight-gradient sums: dw (C) and db (C) in dynamic shared memory,
-// zeroed (when need_w) before the rows are visited, and written out as this block's row of the
-// (blocks, C) partials at the end.
-__device__ __forceinline__ void zeroed_block_sums(int C, bool need_w, float*& sdw, float*& sdb) {
-    extern __shared__ float smem[];
-    sdw = smem;
-    sdb = smem + C;
-    if (need_w)
-        for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) smem[c] = 0.f;
+// The backward kernels' column sums over their rows: dw and db (the weight gradients, with
+// part.dw) and ds (the column sums of dx itself, add_layer_norm's residual-bias gradient, with
+// part.ds). Each block sums its rows in shared memory, zeroed before the rows are visited, and writes
+// them at the end as its row of the (blocks, C) partials, which sum_block_parts_kernel adds. ds has
+// ds_rows rows of C there (the group kernel's: one for each of its groups of warps), summed at the end.
+struct Parts {
+    float *dw, *db, *ds;  // (gridDim.x, C) each, or null (dw and db are both null or neither)
+};
+struct BlockSums {
+    float *dw, *db, *ds;  // dw, db (C,), ds (ds_rows, C) in dynamic shared memory, where the part is not null
+};
+__host__ __device__ constexpr int block_sums_floats(int C, bool need_w, bool need_ds, int ds_rows) {
+    return (need_w ? 2 * C : 0) + (need_ds ? ds_rows * C : 0);
 }
-__device__ __forceinline__ void store_block_sums(int C, const float* sdw, const float* sdb, float* dw_part,
-                                                 float* db_part) {
+__device__ __forceinline__ BlockSums zeroed_block_sums(int C, const Parts& part, int ds_rows = 1) {
+    extern __shared__ float smem[];
+    const int n = block_sums_floats(C, part.dw != nullptr, part.ds != nullptr, ds_rows);
+    for (int c = threadIdx.x; c < n; c += blockDim.x) smem[c] = 0.f;
+    return BlockSums{smem, smem + C, smem + (part.dw ? 2 * C : 0)};
+}
+__device__ __forceinline__ void store_block_sums(int C, const BlockSums& sums, const Parts& part, int ds_rows = 1) {
     __syncthreads();  // every warp has added its shares
+    const int64_t at = (int64_t)blockIdx.x * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        dw_part[(int64_t)blockIdx.x * C + c] = sdw[c];
-        db_part[(int64_t)blockIdx.x * C + c] = sdb[c];
+        if (part.dw) {
+            part.dw[at + c] = sums.dw[c];
+            part.db[at + c] = sums.db[c];
+        }
+        if (part.ds) {
+            float s = 0.f;
+            for (int q = 0; q < ds_rows; ++q) s += sums.ds[q * C + c];
+            part.ds[at + c] = s;
+        }
     }
 }
 
-// The group kernel's end: a thread's shares of dw and db (chunk ch of W columns, none past the row's
-// NC chunks) added into the block's sums once every warp is done with its rows, then the block's row
-// of partials
-template <int W>
-__device__ __forceinline__ void add_block_sums(const float (&acc_dw)[W], const float (&acc_db)[W], int ch, int NC,
-                                               int C, float* sdw, float* sdb, float* dw_part, float* db_part) {
-    __syncthreads();
-    if (ch < NC)
-#pragma unroll
-        for (int k = 0; k < W; ++k) {
-            atomicAdd(&sdw[ch * W + k], acc_dw[k]);
-            atomicAdd(&sdb[ch * W + k], acc_db[k]);
-        }
-    store_block_sums(C, sdw, sdb, dw_part, db_part);
+// outs[y] (C,) = the column sums of the y-th (P, C) partials, part + y P C, for blockIdx.y = y (a null
+// out is skipped): the backward kernels' sums, in one launch
+struct PartOuts {
+    float* out[3];
+};
+__global__ void sum_block_parts_kernel(PartOuts outs, const float* __restrict__ part, int P, int C) {
+    float* out = outs.out[blockIdx.y];
+    if (out != nullptr) sum_parts(out, part + (int64_t)blockIdx.y * P * C, P, C);
 }
 
-// dout (N, C) -> dx (N, C); per-block partial dw, db (gridDim.x, C). One warp per row; lane l owns
-// columns l, l + 32, ... (at most CPL of them, C <= 32 CPL): the row's values and the lane's share of
-// dw and db stay in registers across all the rows the warp visits, and each warp adds its shares to
-// the block's shared-memory sums once at the end (not an atomic per element).
+// dout (N, C) -> dx (N, C); per-block partial dw, db, ds (gridDim.x, C). One warp per row; lane l
+// owns columns l, l + 32, ... (at most CPL of them, C <= 32 CPL): the row's values and the lane's
+// share of dw and db stay in registers across all the rows the warp visits, and each warp adds its
+// shares to the block's shared-memory sums once at the end (not an atomic per element); ds, where
+// asked, by an atomic per element into the block's sums (this kernel is the fallback of the group
+// kernel below, and registers held for ds would cost every call).
 template <typename T, int CPL>
-__global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
-                                          float* __restrict__ db_part, const T* __restrict__ dout,
+__global__ void layernorm_backward_kernel(T* __restrict__ dx, Parts part, const T* __restrict__ dout,
                                           const T* __restrict__ x, const float* __restrict__ w,
                                           const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N,
                                           int C, const T* __restrict__ dres) {
-    const bool need_w = dw_part != nullptr;
-    float *sdw, *sdb;
-    zeroed_block_sums(C, need_w, sdw, sdb);
+    const BlockSums sums = zeroed_block_sums(C, part);
+    if (part.ds) __syncthreads();  // zeroed before the rows' atomics
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     float acc_dw[CPL], acc_db[CPL], wc[CPL];
 #pragma unroll
@@ -202,22 +218,27 @@ __global__ void layernorm_backward_kernel(T* __restrict__ dx, float* __restrict_
 #pragma unroll
         for (int i = 0; i < CPL; ++i) {
             int c = lane + 32 * i;
-            if (c < C) stf(d, c, (gv[i] * wc[i] - mean_g - xh[i] * mean_gx) * r + (dres ? ldf(dres + row * C, c) : 0.f));
+            if (c < C) {
+                const float o = (gv[i] * wc[i] - mean_g - xh[i] * mean_gx) * r + (dres ? ldf(dres + row * C, c) : 0.f);
+                stf(d, c, o);
+                if (part.ds) atomicAdd(&sums.ds[c], o);
+            }
             acc_dw[i] += gv[i] * xh[i];
             acc_db[i] += gv[i];
         }
     }
-    if (!need_w) return;
+    if (!part.dw && !part.ds) return;
     __syncthreads();
+    if (part.dw)
 #pragma unroll
-    for (int i = 0; i < CPL; ++i) {
-        int c = lane + 32 * i;
-        if (c < C) {
-            atomicAdd(&sdw[c], acc_dw[i]);
-            atomicAdd(&sdb[c], acc_db[i]);
+        for (int i = 0; i < CPL; ++i) {
+            int c = lane + 32 * i;
+            if (c < C) {
+                atomicAdd(&sums.dw[c], acc_dw[i]);
+                atomicAdd(&sums.db[c], acc_db[i]);
+            }
         }
-    }
-    store_block_sums(C, sdw, sdb, dw_part, db_part);
+    store_block_sums(C, sums, part);
 }
 
 // The weights of chunk `ch` (W columns; 1 without weights, 0 past the row), from L1 where they stay:
@@ -241,23 +262,23 @@ __device__ __forceinline__ void load_weights(float (&wc)[W], const float* __rest
 // warps an SM here are 16-20% faster there.) A block is P groups of G warps; group p walks the rows
 // p + P blockIdx.x, then on by P gridDim.x. A row's two sums meet across its warps in shared memory, a
 // slot a warp, behind the group's named barrier; rows alternate between two sets of slots, so that
-// one barrier a row orders both a row's reads and the next row but one's writes. With dres, dx also
-// adds dres (the gradient that reached x's residual stream by the other path).
+// one barrier a row orders both a row's reads and the next row but one's writes. With dres (RES), dx
+// also adds dres (the gradient that reached x's residual stream by the other path). With DS, a thread
+// also adds its chunk of dx into its group's row of the block's ds sums, in shared memory: a slot of
+// its own (no atomics), where registers held across the rows would spill.
 // Rows a block: blocks of 8 warps (9 at G = 3), up to 64 registers a thread
 constexpr int group_rows(int G) { return G == 3 ? 3 : 8 / G; }
 constexpr int group_blocks_per_sm(int G) { return G == 3 ? 3 : 4; }
 
-template <typename T, int G, bool RES>
-__global__ void __launch_bounds__(32 * G * group_rows(G), group_blocks_per_sm(G)) layernorm_backward_group_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
-                                                float* __restrict__ db_part, const T* __restrict__ dout,
-                                                const T* __restrict__ x, const float* __restrict__ w,
-                                                const float* __restrict__ mean, const float* __restrict__ rstd,
-                                                int64_t N, int C, const T* __restrict__ dres) {
+template <typename T, int G, bool RES, bool DS>
+__global__ void __launch_bounds__(32 * G * group_rows(G), group_blocks_per_sm(G))
+    layernorm_backward_group_kernel(T* __restrict__ dx, Parts part, const T* __restrict__ dout,
+                                    const T* __restrict__ x, const float* __restrict__ w,
+                                    const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N, int C,
+                                    const T* __restrict__ dres) {
     constexpr int W = kVec<T>;
-    const bool need_w = dw_part != nullptr;
-    float *sdw, *sdb;
-    zeroed_block_sums(C, need_w, sdw, sdb);
     constexpr int P = group_rows(G);
+    const BlockSums sums = zeroed_block_sums(C, part, P);
     __shared__ float2 row_sums[2][G * P];  // [row parity][warp of the block]: a warp's sum of g w and of g w x^
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int p = warp / G, NC = C / W, ch = 32 * (warp % G) + lane;
@@ -265,6 +286,8 @@ __global__ void __launch_bounds__(32 * G * group_rows(G), group_blocks_per_sm(G)
     float acc_dw[W], acc_db[W];
 #pragma unroll
     for (int k = 0; k < W; ++k) acc_dw[k] = acc_db[k] = 0.f;
+    float4* acc_ds = DS && in ? reinterpret_cast<float4*>(sums.ds + p * C + ch * W) : nullptr;  // W / 4 of them
+    if constexpr (DS) __syncthreads();  // zeroed
     const uint4 zero = make_uint4(0, 0, 0, 0);  // a chunk past the row: 0 in float32 and bf16 alike
     int parity = 0;
     for (int64_t row = (int64_t)blockIdx.x * P + p; row < N; row += (int64_t)gridDim.x * P, parity ^= 1) {
@@ -310,20 +333,34 @@ __global__ void __launch_bounds__(32 * G * group_rows(G), group_blocks_per_sm(G)
             acc_db[k] += gv[k];
         }
         if (in) reinterpret_cast<uint4*>(dx + at)[ch] = pack(o);
+        if constexpr (DS) {
+            if (in)
+#pragma unroll
+                for (int q = 0; q < W / 4; ++q) {
+                    float4 a = acc_ds[q];
+                    a.x += o[4 * q], a.y += o[4 * q + 1], a.z += o[4 * q + 2], a.w += o[4 * q + 3];
+                    acc_ds[q] = a;
+                }
+        }
     }
-    if (need_w) add_block_sums(acc_dw, acc_db, ch, NC, C, sdw, sdb, dw_part, db_part);
+    if (!part.dw && !DS) return;
+    __syncthreads();
+    if (part.dw && in)
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            atomicAdd(&sums.dw[ch * W + k], acc_dw[k]);
+            atomicAdd(&sums.db[ch * W + k], acc_db[k]);
+        }
+    store_block_sums(C, sums, part, P);
 }
 
 // The same for any C (rows wider than 2048): an atomic per element into the block's shared sums
 template <typename T>
-__global__ void layernorm_backward_wide_kernel(T* __restrict__ dx, float* __restrict__ dw_part,
-                                          float* __restrict__ db_part, const T* __restrict__ dout,
-                                          const T* __restrict__ x, const float* __restrict__ w,
-                                          const float* __restrict__ mean, const float* __restrict__ rstd, int64_t N,
-                                          int C, const T* __restrict__ dres) {
-    const bool need_w = dw_part != nullptr;
-    float *sdw, *sdb;
-    zeroed_block_sums(C, need_w, sdw, sdb);
+__global__ void layernorm_backward_wide_kernel(T* __restrict__ dx, Parts part, const T* __restrict__ dout,
+                                               const T* __restrict__ x, const float* __restrict__ w,
+                                               const float* __restrict__ mean, const float* __restrict__ rstd,
+                                               int64_t N, int C, const T* __restrict__ dres) {
+    const BlockSums sums = zeroed_block_sums(C, part);
     __syncthreads();
     int lane = threadIdx.x & 31;
     int warps = blockDim.x >> 5;
@@ -346,14 +383,16 @@ __global__ void layernorm_backward_wide_kernel(T* __restrict__ dx, float* __rest
             float gc = ldf(g, c);
             float gw = w ? gc * w[c] : gc;
             float xhat = (ldf(xr, c) - m) * r;
-            stf(d, c, (gw - mean_g - xhat * mean_gx) * r + (dres ? ldf(dres + row * C, c) : 0.f));
-            if (need_w) {
-                atomicAdd(&sdw[c], gc * xhat);
-                atomicAdd(&sdb[c], gc);
+            const float o = (gw - mean_g - xhat * mean_gx) * r + (dres ? ldf(dres + row * C, c) : 0.f);
+            stf(d, c, o);
+            if (part.dw) {
+                atomicAdd(&sums.dw[c], gc * xhat);
+                atomicAdd(&sums.db[c], gc);
             }
+            if (part.ds) atomicAdd(&sums.ds[c], o);
         }
     }
-    if (need_w) store_block_sums(C, sdw, sdb, dw_part, db_part);
+    if (part.dw || part.ds) store_block_sums(C, sums, part);
 }
 
 // 16-byte chunks per lane for rows of C elements of T (1..4), or 0 where the vector kernels do not
@@ -368,14 +407,16 @@ int vec_chunks(int64_t C, const P*... ptrs) {
 template <typename T>
 void layernorm_forward_typed(int device, T* out, float* mean, float* rstd, const T* x, const float* w,
                              const float* b, int64_t N, int64_t C, float eps, const T* res = nullptr,
-                             T* sum = nullptr) {
+                             const float* rb = nullptr, T* sum = nullptr) {
     if (N == 0) return;
     use_device(device);
     int warps = 8;
     const unsigned grid = (unsigned)ceil_div(N, warps);
     cudaStream_t st = stream(device);
-    auto launch = [&](auto kernel) { kernel<<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, res, sum, w, b, N, (int)C, eps); };
-    switch (vec_chunks<T>(C, out, x, w, b, res, sum)) {
+    auto launch = [&](auto kernel) {
+        kernel<<<grid, warps * 32, 0, st>>>(out, mean, rstd, x, res, rb, sum, w, b, N, (int)C, eps);
+    };
+    switch (vec_chunks<T>(C, out, x, w, b, res, rb, sum)) {
         case 1: launch(layernorm_forward_vec_kernel<T, 1>); break;
         case 2: launch(layernorm_forward_vec_kernel<T, 2>); break;
         case 3: launch(layernorm_forward_vec_kernel<T, 3>); break;
@@ -387,52 +428,59 @@ void layernorm_forward_typed(int device, T* out, float* mean, float* rstd, const
 
 template <typename T>
 void layernorm_backward_typed(int device, T* dx, float* dw, float* db, const T* dout, const T* x, const float* w,
-                              const float* mean, const float* rstd, int64_t N, int64_t C, const T* dres = nullptr) {
+                              const float* mean, const float* rstd, int64_t N, int64_t C, const T* dres = nullptr,
+                              float* ds = nullptr) {
     use_device(device);
     cudaStream_t st = stream(device);
-    bool need_w = dw != nullptr || db != nullptr;
+    const bool need_w = dw != nullptr || db != nullptr;
     if (N == 0) {
-        if (dw) fill(device, F32, dw, 0.0, C);
-        if (db) fill(device, F32, db, 0.0, C);
+        for (float* out : {dw, db, ds})
+            if (out) fill(device, F32, out, 0.0, C);
         return;
     }
-    const std::size_t smem = need_w ? 2 * C * sizeof(float) : 0;
     // One wave: as many blocks as fit on the GPU at once, each walking rows with a grid stride (a
-    // second, partial wave would start its rows late); the weight-gradient partials have a row per block.
-    // `warps` a block, `rows` at a time a block.
-    auto launch = [&](auto kernel, int warps = 4, int rows = 4) {
+    // second, partial wave would start its rows late); the column sums' partials have a row per block.
+    // `warps` a block, `rows` at a time a block, ds_rows rows of ds sums a block.
+    auto launch = [&](auto kernel, int warps = 4, int rows = 4, int ds_rows = 1) {
+        const std::size_t smem = block_sums_floats((int)C, need_w, ds != nullptr, ds_rows) * sizeof(float);
         if (smem > 48 * 1024)
             check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                   "layer_norm_backward");
         int per_sm = 0;
         check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem), "layer_norm_backward");
         const int blocks = (int)std::min<int64_t>(ceil_div(N, rows), (int64_t)std::max(1, per_sm) * sm_count(device));
+        // partials (blocks, C): dw's, db's, ds's, in that order
+        const int64_t P = (int64_t)blocks * C;
         float* part = nullptr;
-        std::size_t block = 0;
-        if (need_w) part = (float*)device_alloc(2 * sizeof(float) * blocks * C, device, &block);
-        kernel<<<blocks, warps * 32, smem, st>>>(dx, part, need_w ? part + (int64_t)blocks * C : nullptr, dout, x, w,
-                                                 mean, rstd, N, (int)C, dres);
-        if (need_w) {
-            unsigned int g = (unsigned int)ceil_div(C, 32);
-            if (dw) sum_parts_kernel<<<g, dim3(32, 32), 0, st>>>(dw, part, blocks, (int)C);
-            if (db) sum_parts_kernel<<<g, dim3(32, 32), 0, st>>>(db, part + (int64_t)blocks * C, blocks, (int)C);
-            device_free(part, block, device);
+        std::size_t held = 0;
+        if (smem) part = (float*)device_alloc(sizeof(float) * P * (ds ? 3 : 2), device, &held);
+        const Parts parts{need_w ? part : nullptr, need_w ? part + P : nullptr, ds ? part + 2 * P : nullptr};
+        kernel<<<blocks, warps * 32, smem, st>>>(dx, parts, dout, x, w, mean, rstd, N, (int)C, dres);
+        if (smem) {
+            const PartOuts outs{{dw, db, ds}};
+            sum_block_parts_kernel<<<dim3((unsigned)ceil_div(C, 32), ds ? 3 : 2), dim3(32, 32), 0, st>>>(
+                outs, part, blocks, (int)C);
+            device_free(part, held, device);
         }
     };
     // 16-byte chunks where the rows allow (up to 128 of them: G = ceil(chunks / 32) warps to a row,
     // group_rows(G) rows a block), else columns per lane in one warp a row, registers sized for C (up to
     // 1024; wider rows take the atomic kernel)
     const int chunks = vec_chunks<T>(C, dx, x, dout, dres);
-    auto launch_vec = [&](auto with_res) {
-        constexpr bool RES = decltype(with_res)::value;
-        auto groups = [&](auto kernel, int G) { launch(kernel, G * group_rows(G), group_rows(G)); };
-        if (chunks == 1) groups(layernorm_backward_group_kernel<T, 1, RES>, 1);
-        else if (chunks == 2) groups(layernorm_backward_group_kernel<T, 2, RES>, 2);
-        else if (chunks == 3) groups(layernorm_backward_group_kernel<T, 3, RES>, 3);
-        else groups(layernorm_backward_group_kernel<T, 4, RES>, 4);
+    auto launch_vec = [&](auto with_res, auto with_ds) {
+        constexpr bool RES = decltype(with_res)::value, DS = decltype(with_ds)::value;
+        auto groups = [&](auto kernel, int G) { launch(kernel, G * group_rows(G), group_rows(G), group_rows(G)); };
+        if (chunks == 1) groups(layernorm_backward_group_kernel<T, 1, RES, DS>, 1);
+        else if (chunks == 2) groups(layernorm_backward_group_kernel<T, 2, RES, DS>, 2);
+        else if (chunks == 3) groups(layernorm_backward_group_kernel<T, 3, RES, DS>, 3);
+        else groups(layernorm_backward_group_kernel<T, 4, RES, DS>, 4);
     };
-    if (chunks > 0 && dres) launch_vec(std::true_type{});
-    else if (chunks > 0) launch_vec(std::false_type{});
+    auto launch_vec_ds = [&](auto with_res) {
+        if (ds) launch_vec(with_res, std::true_type{});
+        else launch_vec(with_res, std::false_type{});
+    };
+    if (chunks > 0 && dres) launch_vec_ds(std::true_type{});
+    else if (chunks > 0) launch_vec_ds(std::false_type{});
     else if (C <= 128) launch(layernorm_backward_kernel<T, 4>);
     else if (C <= 256) launch(layernorm_backward_kernel<T, 8>);
     else if (C <= 384) launch(layernorm_backward_kernel<T, 12>);
@@ -466,25 +514,26 @@ void layernorm_forward_dt(int device, int dtype, void* out, float* mean, float* 
 
 void layernorm_backward_dt(int device, int dtype, void* dx, float* dw, float* db, const void* dout, const void* x,
                            const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
-                           const void* dres) {
+                           const void* dres, float* ds) {
     if (dtype == F32)
         layernorm_backward_typed<float>(device, (float*)dx, dw, db, (const float*)dout, (const float*)x, w, mean, rstd,
-                                        N, C, (const float*)dres);
+                                        N, C, (const float*)dres, ds);
     else if (dtype == BF16)
         layernorm_backward_typed<__nv_bfloat16>(device, (__nv_bfloat16*)dx, dw, db, (const __nv_bfloat16*)dout,
                                                 (const __nv_bfloat16*)x, w, mean, rstd, N, C,
-                                                (const __nv_bfloat16*)dres);
+                                                (const __nv_bfloat16*)dres, ds);
     else unsupported("layer_norm_backward", dtype);
 }
 
 void layernorm_add_forward_dt(int device, int dtype, void* out, void* sum, float* mean, float* rstd, const void* x,
-                              const void* res, const float* w, const float* b, int64_t N, int64_t C, float eps) {
+                              const void* res, const float* rb, const float* w, const float* b, int64_t N, int64_t C,
+                              float eps) {
     if (dtype == F32)
         layernorm_forward_typed<float>(device, (float*)out, mean, rstd, (const float*)x, w, b, N, C, eps,
-                                       (const float*)res, (float*)sum);
+                                       (const float*)res, rb, (float*)sum);
     else if (dtype == BF16)
         layernorm_forward_typed<__nv_bfloat16>(device, (__nv_bfloat16*)out, mean, rstd, (const __nv_bfloat16*)x, w, b,
-                                               N, C, eps, (const __nv_bfloat16*)res, (__nv_bfloat16*)sum);
+                                               N, C, eps, (const __nv_bfloat16*)res, rb, (__nv_bfloat16*)sum);
     else unsupported("layer_norm", dtype);
 }
 

@@ -19,12 +19,14 @@ void layernorm_backward(int device, float* dx, float* dw, float* db, const float
 // are float32 (statistics in float32).
 void layernorm_forward_dt(int device, int dtype, void* out, float* mean, float* rstd, const void* x, const float* w,
                           const float* b, int64_t N, int64_t C, float eps);
-// dres (may be null): added to dx, the gradient of the residual stream x is (add_layer_norm's backward)
+// dres (may be null): added to dx, the gradient of the residual stream x is (add_layer_norm's backward);
+// ds (C,) float32 (may be null): the column sums of dx (with dres), add_layer_norm's residual-bias gradient
 void layernorm_backward_dt(int device, int dtype, void* dx, float* dw, float* db, const void* dout, const void* x,
                            const float* w, const float* mean, const float* rstd, int64_t N, int64_t C,
-                           const void* dres = nullptr);
-// sum = x + res (rounded to dtype) and out = layer_norm(sum), in one pass
+                           const void* dres = nullptr, float* ds = nullptr);
+// sum = x + res + rb (rounded to dtype; rb (C,) float32 may be null) and out = layer_norm(sum), in one pass
 void layernorm_add_forward_dt(int device, int dtype, void* out, void* sum, float* mean, float* rstd, const void* x,
-                              const void* res, const float* w, const float* b, int64_t N, int64_t C, float eps);
+                              const void* res, const float* rb, const float* w, const float* b, int64_t N, int64_t C,
+                              float eps);
 
 }  // namespace engine

@@ -55,10 +55,10 @@ __device__ T block_max(T v, T* shared, T lowest) {
 }
 
 // part (P, C) float32 -> out (C,) of T: column sums of per-block partials (layer-norm weight and bias
-// gradients, Linear bias gradients). Block (32, 32): 32 columns, each summed by 32 threads
+// gradients, Linear bias gradients). Block (32, 32): columns 32 blockIdx.x + 0..31, each summed by 32 threads
 // (rows y, y + 32, ...) and then across them in shared memory
 template <typename T>
-__global__ void sum_parts_kernel(T* __restrict__ out, const float* __restrict__ part, int P, int C) {
+__device__ __forceinline__ void sum_parts(T* __restrict__ out, const float* __restrict__ part, int P, int C) {
     __shared__ float acc[32][33];
     int c = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
@@ -73,6 +73,10 @@ __global__ void sum_parts_kernel(T* __restrict__ out, const float* __restrict__ 
         for (int y = 0; y < 32; ++y) total += acc[y][threadIdx.x];
         out[c] = static_cast<T>(total);
     }
+}
+template <typename T>  // the same as a kernel: a grid of ceil(C / 32) blocks
+__global__ void sum_parts_kernel(T* __restrict__ out, const float* __restrict__ part, int P, int C) {
+    sum_parts(out, part, P, C);
 }
 
 // --- numeric helpers ------------------------------------------------------------------------------

@@ -29,10 +29,14 @@ def layer_norm(x: Array, weight, bias, eps: float):
     return out, mean[..., 0], rstd[..., 0]
 
 
-def add_layer_norm(x: Array, residual: Array, weight, bias, eps: float):
-    """s = x + residual (..., C) and layer_norm(s): -> s, out, mean, rstd (bf16: s rounded before the
-    statistics, as the two ops would)."""
-    s = narrow(widen(x) + widen(residual), x.dtype) if any_bf16(x, residual) else x + residual
+def add_layer_norm(x: Array, residual: Array, weight, bias, eps: float, residual_bias=None):
+    """s = x + residual, or x + (residual + residual_bias (C,)), (..., C) and layer_norm(s): -> s, out,
+    mean, rstd (bf16: s summed in float32 and rounded once before the statistics, as the CUDA kernel does)."""
+    if any_bf16(x, residual, residual_bias):
+        r = widen(residual) if residual_bias is None else widen(residual) + widen(residual_bias)
+        s = narrow(widen(x) + r, x.dtype)
+    else:
+        s = x + residual if residual_bias is None else x + (residual + residual_bias)
     return (s,) + layer_norm(s, weight, bias, eps)
 
 
@@ -58,6 +62,23 @@ def layer_norm_backward(grad: Array, x: Array, weight, mean: Array, rstd: Array,
     if residual_grad is not None:
         dx = dx + residual_grad
     return dx, dweight, dbias
+
+
+def add_layer_norm_backward(grad: Array, grad_s, s: Array, weight, mean: Array, rstd: Array, need_weight_grads: bool,
+                            need_residual_bias_grad: bool = False):
+    """add_layer_norm's backward: grad (..., C) of out, grad_s (..., C) of s or None -> ds (..., C),
+    dweight (C,), dbias (C,), dresidual_bias (C,) (the column sums of ds, float32 for bf16 and summed
+    before ds is rounded, as the CUDA kernel sums them; None unless asked)."""
+    if not need_residual_bias_grad:
+        return layer_norm_backward(grad, s, weight, mean, rstd, need_weight_grads, grad_s) + (None,)
+    C = s.shape[-1]
+    if any_bf16(grad, s, weight, grad_s):
+        ds, dweight, dbias = layer_norm_backward(widen(grad), widen(s), widen(weight), mean, rstd, need_weight_grads,
+                                                 widen(grad_s))
+        dres_bias = ds.reshape(-1, C).sum(axis=0, dtype=np.float32)
+        return narrow(ds, s.dtype), dweight, dbias, dres_bias
+    ds, dweight, dbias = layer_norm_backward(grad, s, weight, mean, rstd, need_weight_grads, grad_s)
+    return ds, dweight, dbias, ds.reshape(-1, C).sum(axis=0)
 
 
 def softmax(x: Array) -> Array:

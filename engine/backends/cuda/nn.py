@@ -25,20 +25,23 @@ def layer_norm(x: CudaArray, weight, bias, eps: float):
     return out, mean, rstd
 
 
-def add_layer_norm(x: CudaArray, residual: CudaArray, weight, bias, eps: float):
-    """s = x + residual (..., C) and layer_norm(s) -> s, out, mean, rstd, in one kernel (the sum rounded
-    to x's dtype before the statistics, as the two ops would); inputs of two dtypes or shapes take the
-    add and the layer norm."""
-    _check_float32("layer_norm", weight, bias)
+def add_layer_norm(x: CudaArray, residual: CudaArray, weight, bias, eps: float, residual_bias=None):
+    """s = x + residual, or x + (residual + residual_bias (C,)), (..., C) and layer_norm(s) -> s, out,
+    mean, rstd, in one kernel (the sum rounded to x's dtype once, before the statistics); inputs of two
+    dtypes or shapes take the adds and the layer norm."""
+    _check_float32("layer_norm", weight, bias, residual_bias)
     if x.dtype in (float32, bfloat16) and residual.dtype is x.dtype and residual.shape == x.shape:
         C = x.shape[-1]
         N = x.size // C if C else 0
         s, out = _empty(x.shape, x.dtype, x.device), _empty(x.shape, x.dtype, x.device)
         mean, rstd = _empty(x.shape[:-1], float32, x.device), _empty(x.shape[:-1], float32, x.device)
         native.layernorm_add_forward_dt(x.device, _CODE[x.dtype], out.ptr, s.ptr, mean.ptr, rstd.ptr, x.ptr, residual.ptr,
+                                    residual_bias.ptr if residual_bias is not None else 0,
                                     weight.ptr if weight is not None else 0, bias.ptr if bias is not None else 0, N, C,
                                     float(eps))
         return s, out, mean, rstd
+    if residual_bias is not None:
+        residual = binary("add", residual, astype(residual_bias, residual.dtype))
     s = binary("add", x, residual)
     return (s,) + layer_norm(s, weight, bias, eps)
 
@@ -47,6 +50,19 @@ def layer_norm_backward(grad: CudaArray, x: CudaArray, weight, mean: CudaArray, 
                         need_weight_grads: bool = True, residual_grad=None):
     """grad (..., C) -> dx (..., C), dweight (C,) or None, dbias (C,) or None. With residual_grad (..., C),
     dx + residual_grad (x is a residual stream that also went on unnormalised), added inside the kernel."""
+    return _layer_norm_backward(grad, x, weight, mean, rstd, need_weight_grads, residual_grad, False)[:3]
+
+
+def add_layer_norm_backward(grad: CudaArray, grad_s, s: CudaArray, weight, mean: CudaArray, rstd: CudaArray,
+                            need_weight_grads: bool, need_residual_bias_grad: bool = False):
+    """add_layer_norm's backward: grad (..., C) of out, grad_s (..., C) of s or None -> ds (..., C),
+    dweight (C,), dbias (C,), dresidual_bias (C,) float32 (the column sums of ds, summed in the layer
+    norm's kernel; None unless asked)."""
+    return _layer_norm_backward(grad, s, weight, mean, rstd, need_weight_grads, grad_s, need_residual_bias_grad)
+
+
+def _layer_norm_backward(grad, x, weight, mean, rstd, need_weight_grads: bool, residual_grad, need_dx_sums: bool):
+    """-> dx, dweight, dbias, the column sums of dx (float32 (C,), or None unless need_dx_sums)."""
     _check_float32("layer_norm_backward", weight)
     if grad.dtype is not x.dtype:
         grad = astype(grad, x.dtype)
@@ -57,14 +73,15 @@ def layer_norm_backward(grad: CudaArray, x: CudaArray, weight, mean: CudaArray, 
     if need_weight_grads:
         dweight = _empty((C,), float32, x.device) if weight is not None else None
         dbias = _empty((C,), float32, x.device)
+    dx_sums = _empty((C,), float32, x.device) if need_dx_sums else None
     res = None
     if residual_grad is not None:  # (..., C) as x
         res = residual_grad if residual_grad.dtype is x.dtype else astype(residual_grad, x.dtype)
     native.layernorm_backward_dt(x.device, _CODE[x.dtype], dx.ptr, dweight.ptr if dweight is not None else 0,
                              dbias.ptr if dbias is not None else 0, grad.ptr, x.ptr,
                              weight.ptr if weight is not None else 0, mean.ptr, rstd.ptr, N, C,
-                             res.ptr if res is not None else 0)
-    return dx, dweight, dbias
+                             res.ptr if res is not None else 0, dx_sums.ptr if dx_sums is not None else 0)
+    return dx, dweight, dbias, dx_sums
 
 
 def _softmax(x: CudaArray, log: bool) -> CudaArray:
