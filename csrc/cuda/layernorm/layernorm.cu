@@ -68,8 +68,12 @@ __device__ __forceinline__ void load_floats(float (&v)[W], const float* __restri
 // The same with 16-byte accesses and the row in registers (one read of x, one write of out): lane l
 // owns chunks l, l + 32, ... (at most CH) of kVec<T> adjacent columns. C % kVec<T> == 0, rows 16-byte
 // aligned. res, rb and sum as in layernorm_forward_kernel.
+// Blocks of 8 warps; the registers a thread are capped at what the kernel took before rb (32, 40, 48,
+// 56 for 1..4 chunks), so the same warps stay resident (54 registers at 3 chunks cost a block an SM).
+constexpr int forward_blocks_per_sm(int CH) { return CH == 1 ? 8 : CH == 2 ? 6 : CH == 3 ? 5 : 4; }
+
 template <typename T, int CH>
-__global__ void layernorm_forward_vec_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+__global__ void __launch_bounds__(256, forward_blocks_per_sm(CH)) layernorm_forward_vec_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
                                              const T* __restrict__ x, const T* __restrict__ res,
                                              const float* __restrict__ rb, T* __restrict__ sum,
                                              const float* __restrict__ w, const float* __restrict__ b, int64_t N,
