@@ -37,9 +37,11 @@ def project_bias_deferred(linear: Linear, dropout: Dropout, x: Tensor) -> tuple[
     """dropout(linear(x)) as (out, bias), out + bias being it: the layer's bias left to the caller's
     next op, F.add_layer_norm's residual_bias, so that on the GPU the bias's gradient is summed by the
     layer norm's backward rather than by a pass of its own over the gradient. bias is None where it
-    cannot wait (then out has it): a layer without a bias, dropout at work after the layer, or an FP8
-    layer (whose bias-gradient pass also writes the gradient's FP8 codes)."""
-    if linear.bias is None or linear.fp8 is not None or (dropout.training and dropout.p > 0):
+    cannot wait (then out has it): a layer without a bias, dropout at work after the layer, an FP8
+    layer (whose bias-gradient pass also writes the gradient's FP8 codes), or a layer whose class
+    has a forward of its own (which this would bypass)."""
+    if (linear.bias is None or linear.fp8 is not None or (dropout.training and dropout.p > 0)
+            or type(linear).forward is not Linear.forward):
         return dropout(linear(x)), None
     return F.linear(x, linear.weight, None), linear.bias
 

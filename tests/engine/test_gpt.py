@@ -193,7 +193,8 @@ def test_the_blocks_with_their_adds_fused_equal_the_blocks_one_by_one():
 
 def test_a_projection_bias_waits_only_where_nothing_comes_between():
     """project_bias_deferred leaves the bias to the next op where out + bias is the layer's output;
-    with dropout at work after the layer, an FP8 layer or no bias, the layer keeps it."""
+    with dropout at work after the layer, an FP8 layer, no bias, or a forward of the layer's own
+    class, the layer keeps it."""
     from engine.nn.layers import Dropout, Linear
     from engine.nn.transformer import add_deferred, project_bias_deferred
 
@@ -204,6 +205,15 @@ def test_a_projection_bias_waits_only_where_nothing_comes_between():
     np.testing.assert_allclose(add_deferred(engine.zeros(3, 4), (out, bias)).numpy(), lin(x).numpy(), rtol=1e-6)
     assert project_bias_deferred(lin, Dropout(0.1).train(), x)[1] is None
     assert project_bias_deferred(Linear(8, 4, bias=False), Dropout(0.0), x)[1] is None
+    class Doubled(Linear):  # a forward of its own, which F.linear on the weight would skip
+        def forward(self, x):
+            return super().forward(x) * 2.0
+
+    doubled = Doubled(8, 4)
+    out, bias = project_bias_deferred(doubled, Dropout(0.0), x)
+    assert bias is None
+    np.testing.assert_allclose(out.numpy(), 2.0 * (x.numpy() @ doubled.weight.numpy().T + doubled.bias.numpy()),
+                               rtol=1e-5, atol=1e-6)
     lin.fp8 = object()  # an FP8 layer: its bias pass also writes the gradient's FP8 codes
     assert project_bias_deferred(lin, Dropout(0.0), x)[1] is None
 
