@@ -73,11 +73,11 @@ __device__ __forceinline__ void load_floats(float (&v)[W], const float* __restri
 constexpr int forward_blocks_per_sm(int CH) { return CH == 1 ? 8 : CH == 2 ? 6 : CH == 3 ? 5 : 4; }
 
 template <typename T, int CH>
-__global__ void __launch_bounds__(256, forward_blocks_per_sm(CH)) layernorm_forward_vec_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
-                                             const T* __restrict__ x, const T* __restrict__ res,
-                                             const float* __restrict__ rb, T* __restrict__ sum,
-                                             const float* __restrict__ w, const float* __restrict__ b, int64_t N,
-                                             int C, float eps) {
+__global__ void __launch_bounds__(256, forward_blocks_per_sm(CH))
+    layernorm_forward_vec_kernel(T* __restrict__ out, float* __restrict__ mean, float* __restrict__ rstd,
+                                 const T* __restrict__ x, const T* __restrict__ res, const float* __restrict__ rb,
+                                 T* __restrict__ sum, const float* __restrict__ w, const float* __restrict__ b,
+                                 int64_t N, int C, float eps) {
     constexpr int W = kVec<T>;
     const int lane = threadIdx.x & 31, NC = C / W;
     int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
