@@ -13,6 +13,7 @@ configurations and the PyTorch model are the reference ones (bench/torch_gpt.py)
     python bench/gpt_step.py                      # both configs, 30 timed steps after 8 warm-up
     python bench/gpt_step.py --configs shakespeare_char --steps 10 --no-torch
     python bench/gpt_step.py --engine-modes bf16 --torch-modes compile_bf16
+    python bench/gpt_step.py --configs gpt2_124m --engine-modes bf16 --no-torch --profile 60   # kernels by GPU time
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _flops_per_token(nparams: int, c: dict) -> float:
     return 6 * nparams + 12 * c["L"] * c["T"] * c["D"]
 
 
-def bench_engine(name: str, steps: int, warmup: int, profile: bool = False, mode: str = "fp32") -> dict:
+def bench_engine(name: str, steps: int, warmup: int, profile: int = 0, mode: str = "fp32") -> dict:
     import numpy as np
 
     import engine
@@ -88,7 +89,7 @@ def bench_engine(name: str, steps: int, warmup: int, profile: bool = False, mode
         if not captured.captured:
             out["fallback_reason"] = captured.fallback_reason
     if profile and captured is None:
-        out["profile_top_kernels"] = _profile(step, 3)
+        out["profile_top_kernels"] = _profile(step, 3, profile)
     return out
 
 
@@ -133,7 +134,7 @@ def torch_model(c: dict):
     return TorchGPT(c["V"], c["T"], c["L"], c["H"], c["D"])
 
 
-def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32", profile: bool = False) -> dict:
+def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32", profile: int = 0) -> dict:
     import contextlib
 
     import torch
@@ -179,7 +180,7 @@ def bench_torch(name: str, steps: int, warmup: int, mode: str = "eager_fp32", pr
                tflops=round(_flops_per_token(nparams, c) * toks / 1e12, 2),
                peak_mem_gb=round(torch.cuda.max_memory_allocated() / 1e9, 2))
     if profile:
-        out["profile_top_kernels"] = _profile(step, 3, sync=torch.cuda.synchronize)
+        out["profile_top_kernels"] = _profile(step, 3, profile, sync=torch.cuda.synchronize)
     del m, opt, fwd
     torch.cuda.empty_cache()
     return out
@@ -189,7 +190,8 @@ def torch_in_own_process(name: str, mode: str, args) -> dict:
     """bench_torch in a child process: each PyTorch mode alone, with nothing of the engine (or of
     another mode: torch.compile's caches) in its process."""
     argv = [sys.executable, __file__, "--_torch", name, mode, "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    child = subprocess.run(argv + (["--profile"] if args.profile else []), capture_output=True, text=True, timeout=1800)
+    child = subprocess.run(argv + (["--profile", str(args.profile)] if args.profile else []), capture_output=True,
+                           text=True, timeout=1800)
     lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
     if child.returncode != 0 or not lines:
         return dict(config=name, impl="torch", mode=mode, error=(child.stderr or child.stdout)[-500:])
@@ -207,7 +209,8 @@ def main(argv=None) -> int:
                     default=["eager_fp32", "eager_bf16", "compile_bf16", "compile_bf16_reduce_overhead"],
                     choices=["eager_fp32", "eager_bf16", "compile_bf16", "compile_bf16_reduce_overhead"])
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch reference")
-    ap.add_argument("--profile", action="store_true", help="add the top kernels by GPU time of each mode (needs torch)")
+    ap.add_argument("--profile", nargs="?", type=int, const=25, default=0, metavar="N",
+                    help="add the top N kernels (25 without N) by GPU time of each eager mode (needs torch)")
     ap.add_argument("--_torch", nargs=2, metavar=("CONFIG", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._torch:  # a child of the run below: one PyTorch mode, alone in its process
