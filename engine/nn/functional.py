@@ -12,8 +12,10 @@ from ..autograd import is_grad_enabled
 from ..ops import elementwise as E
 from ..ops import nn as N
 from ..ops.attention import Attention as _Attention, AttentionQKV as _AttentionQKV
+from ..ops.attention import ProjectedSelfAttention as _ProjectedSelfAttention
 from ..ops.classifier import LinearCrossEntropy as _LinearCrossEntropy
 from ..ops.matmul import Linear as _Linear
+from ..ops.mlp import MLP as _MLP
 from ..random import next_seed
 from ..methods.arithmetic import where
 from ..tensor import Tensor, install_methods, tensor
@@ -48,6 +50,22 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     args = (x, weight) if bias is None else (x, weight, bias)
     return _Linear.apply(*args, activation=activation, compute_dtype=dt,
                          fp8=fp8 if dt is dtypes.bfloat16 else None)
+
+
+def mlp(x: Tensor, fc_weight: Tensor, fc_bias: Tensor | None, proj_weight: Tensor,
+        proj_bias: Tensor | None = None) -> Tensor:
+    """linear(gelu(linear(x, fc_weight, fc_bias)), proj_weight, proj_bias) as one op: x (..., I),
+    fc_weight (H, I), proj_weight (O, H) -> (..., O). The same values and gradients; the op's backward
+    takes the GELU's backward into the second layer's dx GEMM (on the GPU in bf16, cuBLASLt's DGELU
+    epilogue), so the hidden layer's output gradient is never written out."""
+    if x.shape[-1] != fc_weight.shape[-1] or proj_weight.shape[-1] != fc_weight.shape[0]:
+        raise ValueError(f"mlp: x (..., I), fc_weight (H, I) and proj_weight (O, H) do not fit: x {x.shape}, "
+                         f"fc_weight {fc_weight.shape}, proj_weight {proj_weight.shape}")
+    x, fc_weight, fc_bias, dt = _autocast_operands(x, fc_weight, fc_bias)
+    if dt is None and _autocast_dtype(x) is not None:  # weights of another dtype, cast plainly as F.linear
+        proj_weight = proj_weight.type(x.dtype)
+        proj_bias = proj_bias.type(x.dtype) if proj_bias is not None else None
+    return _MLP.apply(x, fc_weight, fc_bias, proj_weight, proj_bias, compute_dtype=dt)
 
 
 def relu(x: Tensor) -> Tensor:
@@ -293,6 +311,28 @@ def self_attention(qkv: Tensor, n_head: int, is_causal: bool = True, scale: floa
     seed = next_seed() if dropout_p > 0.0 else 0
     return _AttentionQKV.apply(qkv, n_head=int(n_head), causal=bool(is_causal), scale=float(scale),
                                dropout_p=float(dropout_p), seed=seed)
+
+
+def projected_self_attention(x: Tensor, weight: Tensor, bias: Tensor, n_head: int, is_causal: bool = True,
+                             scale: float | None = None, dropout_p: float = 0.0) -> Tensor:
+    """self_attention(linear(x, weight, bias), n_head, ...) as one op: x (B, T, I), weight (3C, I),
+    bias (3C,) -> (B, T, C). The same values and gradients; on the GPU the bias's gradient comes from
+    the attention's backward instead of a pass over the (B, T, 3C) gradient of its own (without
+    dropout, T a multiple of 16)."""
+    if x.ndim != 3 or x.shape[-1] != weight.shape[-1] or weight.ndim != 2 or bias.shape != (weight.shape[0],):
+        raise ValueError(f"projected_self_attention: x (B, T, I), weight (3C, I) and bias (3C,) do not fit: "
+                         f"x {x.shape}, weight {weight.shape}, bias {bias.shape}")
+    if weight.shape[0] % 3 or (weight.shape[0] // 3) % n_head:
+        raise ValueError(f"projected_self_attention: weight must be (3C, I) with C divisible by n_head={n_head}, "
+                         f"got shape {weight.shape}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"projected_self_attention: dropout_p must be in [0, 1), got {dropout_p}")
+    D = weight.shape[0] // 3 // n_head
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    x, weight, bias, dt = _autocast_operands(x, weight, bias)
+    seed = next_seed() if dropout_p > 0.0 else 0
+    return _ProjectedSelfAttention.apply(x, weight, bias, n_head=int(n_head), causal=bool(is_causal),
+                                         scale=float(scale), dropout_p=float(dropout_p), seed=seed, compute_dtype=dt)
 
 
 @install_methods

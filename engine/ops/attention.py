@@ -7,6 +7,7 @@ forward keeps the backend's `rng` (the key it drew with), so the backward redraw
 from __future__ import annotations
 
 from ..autograd import Function
+from .matmul import Linear
 
 
 class Attention(Function):
@@ -37,3 +38,32 @@ class AttentionQKV(Function):
     def backward(self, g):
         return self.be.attention_qkv_backward(g, self.qkv, self.out, self.lse, self.n_head, self.causal, self.scale,
                                               dropout_p=self.dropout_p, rng=self.rng)
+
+
+class ProjectedSelfAttention(Function):
+    """Self-attention from its packed projection: x (B, T, I), w (3C, I), b (3C,) -> (B, T, C), the same
+    as AttentionQKV on Linear's qkv = x w^T + b (both run inside, as they would apart), for the bias's
+    gradient: the attention's backward gives it (backend attention_qkv_backward's bias_grad: dq's
+    column sums as dq is written, dv's as dout's, dk's 0), so the Linear's backward skips its pass over
+    dqkv. Where the backend gives none (dropout, a shape the kernels do not take) the Linear sums it.
+    compute_dtype: Linear's (autocast's bf16 over float32 master weights)."""
+
+    def forward(self, x, w, b, n_head: int, causal: bool, scale: float, dropout_p: float = 0.0, seed: int = 0,
+                compute_dtype=None):
+        self.proj, self.attn = Linear(), AttentionQKV()
+        for op in (self.proj, self.attn):
+            op.be, op.device = self.be, self.device
+        qkv = self.proj.forward(x, w, b, None, compute_dtype)
+        return self.attn.forward(qkv, n_head, causal, scale, dropout_p, seed)
+
+    def backward(self, g):
+        a, need = self.attn, self.needs_input_grad
+        dqkv, db = self.be.attention_qkv_backward(g, a.qkv, a.out, a.lse, a.n_head, a.causal, a.scale,
+                                                  dropout_p=a.dropout_p, rng=a.rng, bias_grad=need[2])
+        self.proj.parents = self.parents
+        self.proj.needs_input_grad = (need[0], need[1], need[2] and db is None)
+        dx, dw, db_proj = self.proj.backward(dqkv)
+        if db is None:
+            return dx, dw, db_proj
+        want = self.proj.param_dtype or self.be.dtype_of(a.qkv)  # the bias's dtype
+        return dx, dw, db if self.be.dtype_of(db) is want else self.be.astype(db, want)

@@ -96,6 +96,76 @@ def test_attention_qkv_packed_matches_cpu(dtype, tol, causal, no_tf32):
     assert _rel(_download(dqkv), dqkv_c) < 2 * tol
 
 
+@pytest.mark.parametrize("dtype,tol", [(engine.float32, 1e-5), (engine.bfloat16, 3e-2)])
+@pytest.mark.parametrize("B,T,H,D,causal", [(2, 64, 4, 64, True), (3, 128, 2, 64, False), (2, 256, 3, 32, True),
+                                            (2, 80, 2, 128, True), (1, 48, 5, 16, False), (2, 32, 2, 40, True)])
+def test_attention_qkv_bias_grad_matches_column_sums(dtype, tol, B, T, H, D, causal, no_tf32):
+    """The packed projection's bias gradient from the backward's own passes (dq's and dout's column
+    sums, 0 for the keys) against the column sums of dqkv, on every kernel family (wgmma at D 64 and
+    128 in bf16, the WMMA ones in float32), and dqkv the same as without it."""
+    rng = np.random.default_rng(T + D)
+    qkv, g = (rng.standard_normal(s).astype(np.float32) for s in ((B, T, 3 * H * D), (B, T, H * D)))
+    if dtype is engine.bfloat16:
+        qkv, g = (_from_bf16_bits(_to_bf16_bits(a)).reshape(a.shape) for a in (qkv, g))
+    scale = 1.0 / np.sqrt(D)
+    QKV, G = _upload(qkv, dtype), _upload(g, dtype)
+    out, lse, _ = gpu.attention_qkv(QKV, H, causal, scale)
+    plain = _download(gpu.attention_qkv_backward(G, QKV, out, lse, H, causal, scale))
+    dqkv, db = gpu.attention_qkv_backward(G, QKV, out, lse, H, causal, scale, bias_grad=True)
+    assert db is not None and db.dtype is engine.float32 and db.shape == (3 * H * D,)
+    np.testing.assert_array_equal(_download(dqkv), plain)
+    db = gpu.to_numpy(db)
+    C = H * D
+    want = plain.reshape(B * T, 3 * C).astype(np.float64).sum(axis=0)
+    dq_tol = tol * np.abs(plain[..., :C]).sum(axis=(0, 1)).max()  # the rounding of the bf16 dq it sums
+    np.testing.assert_allclose(db[:C], want[:C], atol=max(dq_tol, 1e-4), rtol=0, err_msg="db_q")
+    np.testing.assert_array_equal(db[C:2 * C], 0.0)
+    assert np.abs(want[C:2 * C]).max() < 2 * tol * np.abs(plain[..., C:2 * C]).sum(axis=(0, 1)).max() + 1e-3
+    np.testing.assert_allclose(db[2 * C:], want[2 * C:], atol=tol * np.abs(g).sum(axis=(0, 1)).max() + 1e-4,
+                               rtol=0, err_msg="db_v")
+    cpu_out, cpu_lse, _ = cpu.attention_qkv(qkv, H, causal, scale)
+    _, db_c = cpu.attention_qkv_backward(g, qkv, cpu_out, cpu_lse, H, causal, scale, bias_grad=True)
+    assert _rel(db, db_c) < 2 * tol
+
+
+def test_attention_qkv_bias_grad_declined_where_identities_fail():
+    """Dropout (the identities fail) and T not a multiple of 16 (a block's rows span two heads) give no
+    bias gradient; the caller sums dqkv."""
+    B, T, H, D = 2, 40, 2, 32
+    rng = np.random.default_rng(9)
+    QKV = _upload(rng.standard_normal((B, T + 5, 3 * H * D)), engine.bfloat16)
+    G = _upload(rng.standard_normal((B, T + 5, H * D)), engine.bfloat16)
+    out, lse, _ = gpu.attention_qkv(QKV, H, True, 0.1)
+    assert gpu.attention_qkv_backward(G, QKV, out, lse, H, True, 0.1, bias_grad=True)[1] is None
+    QKV, G = _upload(rng.standard_normal((B, 48, 3 * H * D)), engine.bfloat16), _upload(
+        rng.standard_normal((B, 48, H * D)), engine.bfloat16)
+    out, lse, rng_key = gpu.attention_qkv(QKV, H, True, 0.1, dropout_p=0.2, seed=3)
+    assert gpu.attention_qkv_backward(G, QKV, out, lse, H, True, 0.1, dropout_p=0.2, rng=rng_key,
+                                      bias_grad=True)[1] is None
+
+
+def test_projected_self_attention_matches_linear_then_attention():
+    """F.projected_self_attention against F.self_attention(F.linear(...)) on the GPU under bf16 autocast
+    (the GPT's path), the bias's float32 gradient included, and on the CPU in float64."""
+    rng = np.random.default_rng(11)
+    B, T, C, H = 2, 64, 128, 2
+    arrays = [rng.standard_normal(s).astype(np.float32) * f for s, f in (((B, T, C), 1.0), ((3 * C, C), 0.1),
+                                                                        ((3 * C,), 0.5), ((B, T, C), 1.0))]
+    for dev, dt, tol in (("cuda", engine.bfloat16, 2e-2), ("cpu", engine.float64, 1e-10)):
+        res = []
+        for fused in (True, False):
+            x, w, b = (engine.tensor(a, dtype=engine.float32 if dt is engine.bfloat16 else dt, device=dev,
+                                     requires_grad=True) for a in arrays[:3])
+            g = engine.tensor(arrays[3], device=dev)
+            with engine.autocast("cuda", dtype=engine.bfloat16, enabled=dt is engine.bfloat16):
+                y = (F.projected_self_attention(x, w, b, H) if fused else F.self_attention(F.linear(x, w, b), H))
+            (y.float() * g).sum().backward()
+            res.append([y.float().numpy(), x.grad.numpy(), w.grad.numpy(), b.grad.numpy()])
+            assert b.grad.dtype is b.dtype
+        for got, want, what in zip(res[0], res[1], ("out", "dx", "dw", "db")):
+            assert _rel(got, want) < tol, (dev, what, _rel(got, want))
+
+
 def test_attention_unfused_head_dim_falls_back(no_tf32):
     q, k, v, g = _inputs((2, 5, 4), (2, 7, 4), engine.float32, seed=0)  # D = 4: composite path
     out_c, lse_c, _ = cpu.attention(q, k, v, True, 0.5)

@@ -14,6 +14,8 @@ from engine.backends import cpu
 from engine.backends import cuda as gpu
 from engine._native import native as _C
 from engine.backends.cuda import _CODE
+from engine.backends.cuda.elementwise import gelu_backward
+from engine.backends.cuda.matmul import _dx_through_gelu
 
 BF = engine.bfloat16
 rng = np.random.default_rng(0)
@@ -167,3 +169,41 @@ def test_bias_grad_falls_back_on_odd_widths(no_tf32):
     _, _, db = gpu.linear_backward(g, xb, wb, None, None, (False, True, True))
     want = gpu.to_numpy(gpu.astype(g, engine.float32)).astype(np.float64).sum(0)
     np.testing.assert_allclose(gpu.to_numpy(gpu.astype(db, engine.float32)), want, rtol=1e-2, atol=1e-2)
+
+
+def _f32(x) -> np.ndarray:
+    return gpu.to_numpy(gpu.astype(x, engine.float32))
+
+
+@pytest.mark.parametrize("N,I,H", [(256, 64, 256), (64, 32, 96), (37, 16, 40)])
+def test_dgelu_epilogue_matches_gelu_backward(N, I, H):
+    """The MLP's second layer's dx through cuBLASLt's DGELU epilogue (gelu'(pre) * (g @ w), bf16)
+    against the plain GEMM then engine's GELU backward, within bf16's rounding of the one result."""
+    g = gpu.astype(gpu.from_numpy(rng.standard_normal((N, I)).astype(np.float32)), BF)
+    w = gpu.astype(gpu.from_numpy((rng.standard_normal((I, H)) / np.sqrt(I)).astype(np.float32)), BF)
+    pre = gpu.astype(gpu.from_numpy(rng.standard_normal((N, H)).astype(np.float32) * 2.0), BF)
+    want = _f32(gelu_backward(pre, gpu.matmul(g, w)))
+    got = _f32(_dx_through_gelu(g, w, pre))
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_mlp_op_matches_two_linears(bias):
+    """F.mlp (the GELU's backward in the second layer's dx GEMM) against F.linear twice, under bf16
+    autocast on the GPU, forward and every gradient (float32 for the master weights)."""
+    import engine.nn.functional as F
+
+    r = np.random.default_rng(5)
+    shapes = [(4, 64, 96), (384, 96), (384,), (96, 384), (96,)]
+    arrays = [r.standard_normal(s).astype(np.float32) * (0.1 if len(s) == 2 else 1.0) for s in shapes]
+    res = []
+    for fused in (True, False):
+        ts = [engine.tensor(a, device="cuda", requires_grad=True) for a in arrays]
+        x, w1, b1, w2, b2 = ts if bias else (ts[0], ts[1], None, ts[3], None)
+        with engine.autocast("cuda", dtype=BF):
+            y = F.mlp(x, w1, b1, w2, b2) if fused else F.linear(F.linear(x, w1, b1, activation="gelu"), w2, b2)
+        (y.float() ** 2).sum().backward()
+        res.append([y.float().numpy()] + [t.grad.numpy() for t in (x, w1, b1, w2, b2) if t is not None])
+        assert all(t.grad.dtype is engine.float32 for t in (w1, w2))
+    for i, (got, want) in enumerate(zip(*res)):
+        assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max(), i

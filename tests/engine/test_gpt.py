@@ -160,10 +160,16 @@ def test_bad_inputs_get_clear_errors():
         model.load_state_dict({})
 
 
-def test_the_blocks_with_their_adds_fused_equal_the_blocks_one_by_one():
+@pytest.mark.parametrize("fused_ops", [False, True])
+def test_the_blocks_with_their_adds_fused_equal_the_blocks_one_by_one(fused_ops, monkeypatch):
     """GPT runs its blocks with each block's last residual add inside the next layer norm's op
     (TransformerBlock.pending_forward) and the projections' biases added there too (left out of their
-    linear layers): the same loss and gradients as x + attn(ln_1(x)), x + mlp(ln_2(x)) op by op."""
+    linear layers): the same loss and gradients as x + attn(ln_1(x)), x + mlp(ln_2(x)) op by op. With
+    fused_ops, at this width too, the MLP as one op (F.mlp; the attention's F.projected_self_attention
+    is the GPU's)."""
+    from engine.nn import transformer
+
+    monkeypatch.setattr(transformer, "FUSED_BACKWARD_MIN_WIDTH", 0 if fused_ops else 1 << 30)
     engine.manual_seed(0)
     model = GPT(TINY)
     rng = np.random.default_rng(1)

@@ -27,6 +27,13 @@ def _causal_torch(q, k, v):
     return TF.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def _projected_torch(x, w, b, n_head=2, causal=True):
+    B, T, _ = x.shape
+    qkv = TF.linear(x, w, b).reshape(B, T, 3, n_head, -1).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
+    y = TF.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=causal)
+    return y.permute(0, 2, 1, 3).reshape(B, T, -1)
+
+
 # name: (engine fn, torch fn, input shapes, input range)
 CASES = {
     "add_broadcast": (lambda a, b: a + b, lambda a, b: a + b, [(3, 4), (4,)], None),
@@ -101,6 +108,18 @@ CASES = {
     "masked_fill": (lambda a: a.masked_fill(a < 0, 0.5) * a, lambda a: a.masked_fill(a < 0, 0.5) * a, [(3, 4)], None),
     "sdpa_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), _causal_torch,
                     [(2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 3)], None),
+    "mlp": (lambda x, w1, b1, w2, b2: F.mlp(x, w1, b1, w2, b2),
+            (lambda x, w1, b1, w2, b2: TF.linear(TF.gelu(TF.linear(x, w1, b1), approximate="tanh"), w2, b2))
+            if TF else None, [(2, 3, 4), (8, 4), (8,), (5, 8), (5,)], None),
+    "mlp_no_biases": (lambda x, w1, w2: F.mlp(x, w1, None, w2),
+                      (lambda x, w1, w2: TF.linear(TF.gelu(TF.linear(x, w1), approximate="tanh"), w2)) if TF else None,
+                      [(3, 4), (8, 4), (5, 8)], None),
+    # T 16: on the GPU the bias's gradient from the attention's kernels; T 5: from the Linear's pass
+    "projected_self_attention": (lambda x, w, b: F.projected_self_attention(x, w, b, 2), _projected_torch,
+                                 [(2, 16, 6), (24, 6), (24,)], (-1.0, 1.0)),
+    "projected_self_attention_t5_full": (lambda x, w, b: F.projected_self_attention(x, w, b, 2, is_causal=False),
+                                         (lambda x, w, b: _projected_torch(x, w, b, causal=False)) if TF else None,
+                                         [(2, 5, 6), (24, 6), (24,)], (-1.0, 1.0)),
     "sdpa_float_mask": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
                         (lambda q, k, v, m: TF.scaled_dot_product_attention(q, k, v, attn_mask=m)) if TF else None,
                         [(2, 3, 4), (2, 5, 4), (2, 5, 4), (3, 5)], None),

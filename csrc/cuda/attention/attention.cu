@@ -46,14 +46,23 @@ template <typename T, int DP, bool PRECISE, bool DROPOUT>
 void backward_typed(int device, void* dq, void* dk, void* dv, const void* dout, const void* q, const void* k,
                     const void* v, const void* o, const float* lse, AttnLayout lq, AttnLayout lk, AttnLayout lv,
                     AttnLayout lo, int B, int H, int T_, int S, int D, bool causal, float scale, DropoutRule rule,
-                    const uint64_t* key) {
+                    const uint64_t* key, float* dbias) {
     cudaStream_t st = stream(device);
     int64_t rows = (int64_t)B * H * T_;
-    std::size_t delta_block = 0, acc_block = 0;
+    std::size_t delta_block = 0, acc_block = 0, parts_block = 0;
     float* delta = (float*)device_alloc(sizeof(float) * std::max<int64_t>(rows, 1), device, &delta_block);
     float* dq_acc = (float*)device_alloc(sizeof(float) * std::max<int64_t>(rows * D, 1), device, &acc_block);
-    attention_backward_prep_kernel<T><<<(unsigned)ceil_div(rows, 16), 256, 0, st>>>(delta, dq_acc, (const T*)dout,
-                                                                                    (const T*)o, lo, H, T_, D, rows);
+    // the bias gradient's partial column sums: dq's (qparts) and dout's (vparts), (B * T/16, H * D) each
+    const int P = B * (T_ / 16), C = H * D;
+    float* qparts = dbias ? (float*)device_alloc(sizeof(float) * 2 * P * C, device, &parts_block) : nullptr;
+    float* vparts = dbias ? qparts + (int64_t)P * C : nullptr;
+    const unsigned prep_blocks = (unsigned)ceil_div(rows, 16);
+    if (dbias)
+        attention_backward_prep_kernel<T, true><<<prep_blocks, 256, 0, st>>>(delta, dq_acc, vparts, (const T*)dout,
+                                                                            (const T*)o, lo, H, T_, D, rows);
+    else
+        attention_backward_prep_kernel<T, false><<<prep_blocks, 256, 0, st>>>(delta, dq_acc, nullptr, (const T*)dout,
+                                                                             (const T*)o, lo, H, T_, D, rows);
     bool done = false;
     if constexpr (std::is_same_v<T, __nv_bfloat16> && !DROPOUT)  // the fast paths: wgmma, then mma.sync
         done = attention_backward_wgmma(device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H,
@@ -69,8 +78,15 @@ void backward_typed(int device, void* dq, void* dk, void* dv, const void* dout, 
                                               (const T*)v, lse, delta, lq, lk, lv, lo, H, T_, S, D, causal, scale,
                                               rule, key);
     }
-    attention_dq_kernel<T><<<blocks_for(rows * D / 8, 256), 256, 0, st>>>((T*)dq, dq_acc, lq, H, T_, D, scale,
-                                                                         rows * D / 8);
+    if (dbias) {
+        attention_dq_bias_kernel<T><<<prep_blocks, 256, 0, st>>>((T*)dq, qparts, dq_acc, lq, H, T_, D, scale, rows);
+        attention_bias_grad_kernel<<<dim3((unsigned)ceil_div(C, 32), 3), dim3(32, 32), 0, st>>>(dbias, qparts, vparts,
+                                                                                               P, C);
+        device_free(qparts, parts_block, device);
+    } else {
+        attention_dq_kernel<T><<<blocks_for(rows * D / 8, 256), 256, 0, st>>>((T*)dq, dq_acc, lq, H, T_, D, scale,
+                                                                             rows * D / 8);
+    }
     device_free(delta, delta_block, device);
     device_free(dq_acc, acc_block, device);
 }
@@ -135,17 +151,21 @@ void attention_forward(int device, int dtype, void* o, float* lse, const void* q
 void attention_backward(int device, int dtype, void* dq, void* dk, void* dv, const void* dout, const void* q,
                         const void* k, const void* v, const void* o, const float* lse, AttnLayout lq, AttnLayout lk,
                         AttnLayout lv, AttnLayout lo, int B, int H, int T_, int S, int D, bool causal, float scale,
-                        bool precise, float dropout_p, const uint64_t* rng_key) {
+                        bool precise, float dropout_p, const uint64_t* rng_key, float* dbias) {
     check_shape("attention_backward", dtype, D, T_, S);
     DropoutRule rule = dropout_rule("attention_backward", dropout_p);
     check_dropout("attention_backward", dropout_p, dtype, precise, rng_key);
     bool dropout = dropout_p > 0.f;
+    if (dbias != nullptr && (dropout || T_ != S || T_ % 16 != 0))
+        throw std::invalid_argument("attention_backward: the projection's bias gradient (dbias) needs self-attention "
+                                    "(T == S) with T a multiple of 16 and no dropout; got T " + std::to_string(T_) +
+                                    ", S " + std::to_string(S) + ", dropout_p " + std::to_string(dropout_p));
     use_device(device);
     if ((int64_t)B * H * S == 0 || (int64_t)B * H * T_ == 0)
         throw std::runtime_error("attention_backward: empty inputs are handled by the caller");
 #define ENGINE_ATTN_BWD(TYPE, DPV, PREC, DROP)                                                                      \
     backward_typed<TYPE, DPV, PREC, DROP>(device, dq, dk, dv, dout, q, k, v, o, lse, lq, lk, lv, lo, B, H, T_, S, D, \
-                                          causal, scale, rule, rng_key)
+                                          causal, scale, rule, rng_key, dbias)
 #define ENGINE_ATTN_BWD_D(TYPE, PREC, DROP)                    \
     if (D <= 32) ENGINE_ATTN_BWD(TYPE, 32, PREC, DROP);        \
     else if (D <= 64) ENGINE_ATTN_BWD(TYPE, 64, PREC, DROP);   \

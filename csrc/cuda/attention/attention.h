@@ -32,10 +32,15 @@ void attention_forward(int device, int dtype, void* o, float* lse, const void* q
                        AttnLayout lq, AttnLayout lk, AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, int D,
                        bool causal, float scale, bool precise, float dropout_p, uint64_t seed, uint64_t* rng_key);
 // dout has o's layout; dq, dk, dv have q's, k's and v's layouts (each element written once).
+// dbias (null for none): self-attention from a packed projection q | k | v = x W^T + b, (3 H D,)
+// float32 written with b's gradient, the column sums of dq, dk, dv: dq's summed as dq is written,
+// dv's as sum_i dout_i (each query's probabilities sum to 1), dk's 0 (a constant added to a query's
+// scores changes nothing), so no pass over the gradient of its own. Needs T == S, T % 16 == 0 and
+// no dropout (which breaks both identities).
 void attention_backward(int device, int dtype, void* dq, void* dk, void* dv, const void* dout, const void* q,
                         const void* k, const void* v, const void* o, const float* lse, AttnLayout lq, AttnLayout lk,
                         AttnLayout lv, AttnLayout lo, int B, int H, int T, int S, int D, bool causal, float scale,
-                        bool precise, float dropout_p, const uint64_t* rng_key);
+                        bool precise, float dropout_p, const uint64_t* rng_key, float* dbias = nullptr);
 
 // attention_dropout.cu: out (BH, T, S) float32 = the Z the kernels above use: 0 or 1 / (1 - p). The
 // key is *rng_key (what a forward wrote), or `seed` itself when rng_key is null (tests: the CPU

@@ -272,21 +272,46 @@ __device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&f)[8]) {
     *reinterpret_cast<uint4*>(p) = u;
 }
 
+// The column sums of a block's 16 rows, a half-warp a row and 8 columns a lane (f: the lane's
+// values, 0 where it has none), the rows being one head's (Tq % 16 == 0): written to parts, (B * Tq/16,
+// H * D) float32, at row b * Tq/16 + t/16 and columns h * D + 0..D-1 for the block's first row (bh, t).
+// Partial sums of the packed projection's bias gradient, added up by attention_bias_grad_kernel.
+__device__ __forceinline__ void block_column_sums(float* __restrict__ parts, const float (&f)[8], int64_t first_row,
+                                                  int H, int Tq, int D) {
+    __shared__ float sums[16][129];
+    const int r = threadIdx.x >> 4, c = (threadIdx.x & 15) * 8;
+    if (c < D)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sums[r][c + i] = f[i];
+    __syncthreads();
+    if ((int)threadIdx.x < D) {
+        float t = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) t += sums[i][threadIdx.x];
+        const int64_t bh = first_row / Tq;
+        const int64_t part = (bh / H) * (Tq / 16) + (first_row % Tq) / 16;
+        parts[part * H * D + (bh % H) * D + threadIdx.x] = t;
+    }
+}
+
 // delta (B*H, T) = rowsum(dout * o), and dQ's float32 accumulator dq_acc (B*H, T, D) zeroed beside
 // it (one pass instead of a memset and a pass). A half-warp per row, each lane 8 consecutive elements
-// (16-byte loads, D % 8 == 0, D <= 128), so a row is read in one coalesced sweep.
-template <typename T>
+// (16-byte loads, D % 8 == 0, D <= 128), so a row is read in one coalesced sweep. BIAS: also the
+// column sums of dout, the value bias's gradient (block_column_sums into vparts; Tq % 16 == 0).
+template <typename T, bool BIAS>
 __global__ void attention_backward_prep_kernel(float* __restrict__ delta, float* __restrict__ dq_acc,
-                                               const T* __restrict__ dout, const T* __restrict__ o, AttnLayout lo,
-                                               int H, int Tq, int D, int64_t rows) {
+                                               float* __restrict__ vparts, const T* __restrict__ dout,
+                                               const T* __restrict__ o, AttnLayout lo, int H, int Tq, int D,
+                                               int64_t rows) {
     int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4;
     int c = (threadIdx.x & 15) * 8;
     float s = 0.f;
+    float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (row < rows && c < D) {
         int64_t bh = row / Tq;
         int t = (int)(row % Tq);
         int64_t base = (bh / H) * lo.sb + (bh % H) * lo.sh + (int64_t)t * lo.st + c;
-        float a[8], b[8];
+        float b[8];
         load8(a, dout + base);
         load8(b, o + base);
 #pragma unroll
@@ -297,6 +322,7 @@ __global__ void attention_backward_prep_kernel(float* __restrict__ delta, float*
 #pragma unroll
     for (int m = 8; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
     if (row < rows && (threadIdx.x & 15) == 0) delta[row] = s;
+    if constexpr (BIAS) block_column_sums(vparts, a, (int64_t)blockIdx.x * 16, H, Tq, D);
 }
 
 // dq (layout lq, type T) = dq_acc (B*H, T, D) * scale; a thread converts 8 consecutive elements
@@ -316,6 +342,42 @@ __global__ void attention_dq_kernel(T* __restrict__ dq, const float* __restrict_
         for (int e = 0; e < 8; ++e) f[e] *= scale;
         store8(dq + (bh / H) * lq.sb + (bh % H) * lq.sh + (int64_t)t * lq.st + c, f);
     }
+}
+
+// The same conversion laid out as the prep kernel (a half-warp a row, 16 rows a block), with the
+// column sums of dq, the query bias's gradient (block_column_sums into qparts; Tq % 16 == 0)
+template <typename T>
+__global__ void attention_dq_bias_kernel(T* __restrict__ dq, float* __restrict__ qparts,
+                                         const float* __restrict__ dq_acc, AttnLayout lq, int H, int Tq, int D,
+                                         float scale, int64_t rows) {
+    int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4;
+    int c = (threadIdx.x & 15) * 8;
+    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (row < rows && c < D) {
+        int64_t bh = row / Tq;
+        int t = (int)(row % Tq);
+        load8(f, dq_acc + row * D + c);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] *= scale;
+        store8(dq + (bh / H) * lq.sb + (bh % H) * lq.sh + (int64_t)t * lq.st + c, f);
+    }
+    block_column_sums(qparts, f, (int64_t)blockIdx.x * 16, H, Tq, D);
+}
+
+// db (3C,) float32, the packed q | k | v projection's bias gradient: the P partial rows of qparts and
+// of vparts (P, C) summed (the column sums of dq and of dout), and 0 for the keys' third. Without
+// dropout each query's probabilities sum to 1, so the value bias's gradient sum_j dv_j =
+// sum_i dout_i, and a constant added to a query's every score changes no probability, so the key
+// bias has none (sum_j dk_j = 0 exactly). Grid (ceil(C / 32), 3), block (32, 32).
+__global__ void attention_bias_grad_kernel(float* __restrict__ db, const float* __restrict__ qparts,
+                                           const float* __restrict__ vparts, int P, int C) {
+    const int third = blockIdx.y;
+    if (third == 1) {
+        int c = blockIdx.x * 32 + threadIdx.x;
+        if (threadIdx.y == 0 && c < C) db[C + c] = 0.f;
+        return;
+    }
+    sum_parts(db + third * C, third == 0 ? qparts : vparts, P, C);
 }
 
 template <typename T, int DP>

@@ -42,11 +42,14 @@ void bind_attention(py::module_& m) {
                                    addr v, addr o, addr lse, const std::vector<int64_t>& lq,
                                    const std::vector<int64_t>& lk, const std::vector<int64_t>& lv,
                                    const std::vector<int64_t>& lo, int B, int H, int T, int S, int D, bool causal,
-                                   float scale, bool precise, float dropout_p, addr rng_key) {
+                                   float scale, bool precise, float dropout_p, addr rng_key, addr dbias) {
         attention_backward(device, dtype, P(dq), P(dk), P(dv), P(dout), P(q), P(k), P(v), P(o), P<const float>(lse),
                            L(lq), L(lk), L(lv), L(lo), B, H, T, S, D, causal, scale, precise, dropout_p,
-                           P<const uint64_t>(rng_key));
-    });
+                           P<const uint64_t>(rng_key), P<float>(dbias));
+    }, py::arg("device"), py::arg("dtype"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("dout"), py::arg("q"),
+       py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("lq"), py::arg("lk"), py::arg("lv"),
+       py::arg("lo"), py::arg("B"), py::arg("H"), py::arg("T"), py::arg("S"), py::arg("D"), py::arg("causal"),
+       py::arg("scale"), py::arg("precise"), py::arg("dropout_p"), py::arg("rng_key"), py::arg("dbias") = 0);
     m.def("attention_dropout_mask", [](int device, addr out, int64_t BH, int T, int S, float p, uint64_t seed,
                                        addr rng_key) {
         attention_dropout_mask(device, P<float>(out), BH, T, S, p, seed, P<const uint64_t>(rng_key));

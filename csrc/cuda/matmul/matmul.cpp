@@ -11,8 +11,9 @@
 // Epilogues fold the Linear layer's bias and GELU into the GEMM (no extra pass over the output):
 // BIAS c = a b + bias; GELU_BIAS c = gelu(a b + bias) with the pre-activation written to aux (the
 // backward's input); BGRAD c = a b and bias = row sums of op(a) (the bias gradient, from the weight
-// gradient's GEMM). In cuBLAS terms our output columns are its rows, so our bias (N,) is its
-// per-row bias (EPILOGUE_BIAS), and our op(a)'s rows are its B's columns (EPILOGUE_BGRADB). The bias
+// gradient's GEMM); DGELU c = gelu'(aux) * (a b), aux the GELU's input (the GELU's backward in the dx
+// GEMM of the layer after it, engine/ops/mlp.py). In cuBLAS terms our output columns are its rows, so
+// our bias (N,) is its per-row bias (EPILOGUE_BIAS), and our op(a)'s rows are its B's columns (EPILOGUE_BGRADB). The bias
 // (and its gradient) is of the output's dtype: cuBLASLt (13.x, H200) refuses a float32 bias beside a
 // bf16 output, so autocast's float32 master bias is cast for the forward.
 #include <cublasLt.h>
@@ -66,6 +67,7 @@ cublasLtEpilogue_t lt_epilogue(int e) {
         case EPI_GELU_BIAS: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
         case EPI_GELU: return CUBLASLT_EPILOGUE_GELU_AUX;
         case EPI_BGRAD: return CUBLASLT_EPILOGUE_BGRADB;
+        case EPI_DGELU: return CUBLASLT_EPILOGUE_DGELU;
         default: return CUBLASLT_EPILOGUE_DEFAULT;
     }
 }
@@ -139,7 +141,7 @@ Plan make_plan(DeviceLt& d, const Key& k) {
         cudaDataType_t bias_t = out_t;  // bias (and its gradient) in the output's type
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof(bias_t)),
                  "epilogue");
-        if (k.epilogue == EPI_GELU_BIAS || k.epilogue == EPI_GELU) {
+        if (k.epilogue == EPI_GELU_BIAS || k.epilogue == EPI_GELU || k.epilogue == EPI_DGELU) {
             int64_t aux_ld = k.N;  // aux is (M, N) row-major like c
             check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)),
                      "epilogue");
@@ -237,7 +239,7 @@ void set_epilogue_pointers(const Plan& p, int epilogue, void* bias, void* aux) {
     if (epilogue == EPI_BIAS || epilogue == EPI_GELU_BIAS || epilogue == EPI_BGRAD)
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
                  "epilogue");
-    if (epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU)
+    if (epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU || epilogue == EPI_DGELU)
         check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
                  "epilogue");
 }
@@ -276,8 +278,9 @@ bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a
     if (dtype != F32 && dtype != BF16) return false;
     out_dtype = checked_out_dtype("matmul_epilogue", dtype, out_dtype);
     if (M == 0 || N == 0 || K == 0) return false;
-    if (epilogue < EPI_BIAS || epilogue > EPI_GELU) throw std::invalid_argument("matmul_epilogue: unknown epilogue");
-    if ((epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU) && (aux == nullptr || N % 8 != 0)) return false;
+    if (epilogue < EPI_BIAS || epilogue > EPI_DGELU) throw std::invalid_argument("matmul_epilogue: unknown epilogue");
+    const bool with_aux = epilogue == EPI_GELU_BIAS || epilogue == EPI_GELU || epilogue == EPI_DGELU;
+    if (with_aux && (aux == nullptr || N % 8 != 0)) return false;
     use_device(device);
     std::lock_guard<std::mutex> lock(g_mutex);
     DeviceLt& d = lt(device);

@@ -113,8 +113,12 @@ def attention_qkv(qkv: Array, n_head: int, causal: bool, scale: float, dropout_p
 
 
 def attention_qkv_backward(grad: Array, qkv: Array, out: Array, lse: Array, n_head: int, causal: bool,
-                           scale: float, dropout_p: float = 0.0, rng: Array | None = None) -> Array:
-    """grad (B, T, C) of attention_qkv's out -> dqkv (B, T, 3C)."""
+                           scale: float, dropout_p: float = 0.0, rng: Array | None = None, bias_grad: bool = False):
+    """grad (B, T, C) of attention_qkv's out -> dqkv (B, T, 3C). bias_grad: -> (dqkv, db), db (3C,) the
+    gradient of a bias added to qkv (its column sums) by the identities the GPU kernels use, the
+    reference for them: dq's column sums, 0 for the keys (a constant added to a query's scores changes
+    no probability), grad's column sums for the values (each query's probabilities sum to 1); None
+    with dropout, which breaks both."""
     B, T, C3 = qkv.shape
     C = C3 // 3
     D = C // n_head
@@ -122,4 +126,11 @@ def attention_qkv_backward(grad: Array, qkv: Array, out: Array, lse: Array, n_he
     g = grad.reshape(B, T, n_head, D).transpose(0, 2, 1, 3)
     o = out.reshape(B, T, n_head, D).transpose(0, 2, 1, 3)
     dq, dk, dv = attention_backward(g, heads[0], heads[1], heads[2], o, lse, causal, scale, dropout_p, rng)
-    return np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, C3)
+    dqkv = np.stack([dq, dk, dv]).transpose(1, 3, 0, 2, 4).reshape(B, T, C3)
+    if not bias_grad:
+        return dqkv
+    if dropout_p > 0.0:
+        return dqkv, None
+    db_q = dq.transpose(0, 2, 1, 3).reshape(B * T, C).sum(axis=0)  # (B, H, T, D) -> (B*T, C) -> (C,)
+    db_v = grad.reshape(B * T, C).sum(axis=0)
+    return dqkv, np.concatenate([db_q, np.zeros_like(db_q), db_v]).astype(dqkv.dtype)

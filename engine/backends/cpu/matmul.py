@@ -44,13 +44,14 @@ def linear(x: Array, w: Array, b, activation: str | None):
 
 
 def linear_backward(grad: Array, x: Array, w: Array, pre, activation: str | None, need: tuple,
-                    param_dtype: DType | None = None, fp8=None):
+                    param_dtype: DType | None = None, fp8=None, x_gelu_pre=None):
     """grad (N, O) of linear's out -> dx (N, I), dw (O, I), db (O,); None where `need` (x, w, b) is False.
     dw and db in param_dtype (None: x's), as the CUDA backend; for bf16 x float32 sums throughout, dx
     rounded to bf16, dw and db rounded only if param_dtype is bf16 (float32 master weights get float32).
     fp8 (an FP8 layer's operands): dx, and dw where x's transposed copy was kept, through
-    fp8.linear_grads_fp8, as the CUDA backend."""
-    if any_bf16(grad, x, w, pre):
+    fp8.linear_grads_fp8, as the CUDA backend. x_gelu_pre (N, I): x is gelu(x_gelu_pre), and dx is
+    the gradient at x_gelu_pre instead (gelu'(x_gelu_pre) * (grad @ w), rounded once)."""
+    if any_bf16(grad, x, w, pre, x_gelu_pre):
         pdt = param_dtype if param_dtype is not None else dtype_of(x)
         if activation is not None:  # d pre, rounded to bf16 as the CUDA kernel stores it for the GEMMs
             grad = gelu_backward(narrow(pre, x.dtype), narrow(grad, x.dtype))
@@ -58,13 +59,16 @@ def linear_backward(grad: Array, x: Array, w: Array, pre, activation: str | None
         if fp8 is not None and (need[0] or need[1]):
             fp8_dx, fp8_dw = linear_grads_fp8(narrow(grad, x.dtype), fp8, need[0], need[1], pdt)
         rest = (need[0] and fp8_dx is None, need[1] and fp8_dw is None, need[2])
-        dx, dw, db = linear_backward(widen(grad), widen(x), widen(w), None, None, rest, param_dtype=pdt)
+        dx, dw, db = linear_backward(widen(grad), widen(x), widen(w), None, None, rest, param_dtype=pdt,
+                                     x_gelu_pre=widen(x_gelu_pre) if x_gelu_pre is not None else None)
         dx = fp8_dx if fp8_dx is not None else (narrow(dx, x.dtype) if dx is not None else None)
         return dx, (fp8_dw if fp8_dw is not None else dw), db
     if activation is not None:
         grad = gelu_backward(pre, grad)
     pdt = param_dtype if param_dtype is not None else dtype_of(x)
     dx = matmul(grad, w) if need[0] else None
+    if dx is not None and x_gelu_pre is not None:
+        dx = gelu_backward(x_gelu_pre, dx)
     dw = weight_grad(grad, x, pdt) if need[1] else None
     db = astype(grad.sum(axis=0, dtype=grad.dtype), pdt) if need[2] else None
     return dx, dw, db

@@ -211,9 +211,14 @@ def attention_qkv(qkv: CudaArray, n_head: int, causal: bool, scale: float, dropo
 
 
 def attention_qkv_backward(grad: CudaArray, qkv: CudaArray, out: CudaArray, lse: CudaArray, n_head: int,
-                           causal: bool, scale: float, dropout_p: float = 0.0,
-                           rng: CudaArray | None = None) -> CudaArray:
-    """grad (B, T, C) -> dqkv (B, T, 3C), every element written once by the kernel (no zero fill)."""
+                           causal: bool, scale: float, dropout_p: float = 0.0, rng: CudaArray | None = None,
+                           bias_grad: bool = False):
+    """grad (B, T, C) -> dqkv (B, T, 3C), every element written once by the kernel (no zero fill).
+
+    bias_grad: -> (dqkv, db), db (3C,) float32 the gradient of a bias added to qkv (its column sums),
+    from the attention's own passes: dq's column sums as dq is written, dv's as the column sums of
+    grad, dk's 0 (csrc/cuda/attention/attention.h says why); None where they do not hold or the fused
+    kernel does not run (dropout, T not a multiple of 16): the caller sums dqkv then."""
     _check_dropout_p("attention_qkv_backward", dropout_p)
     if dropout_p > 0.0 and rng is None:
         raise ValueError("attention_qkv_backward: dropout_p > 0 needs the rng that attention_qkv() returned")
@@ -229,17 +234,19 @@ def attention_qkv_backward(grad: CudaArray, qkv: CudaArray, out: CudaArray, lse:
         o = permute(reshape(out, (B, T, n_head, D)), (0, 2, 1, 3))
         dq, dk, dv = attention_backward(g, q, k, v, o, lse, causal, scale, dropout_p, rng)
         d = concat([reshape(x, (1,) + x.shape) for x in (dq, dk, dv)], 0)  # (3, B, H, T, D)
-        return reshape(permute(d, (1, 3, 0, 2, 4)), (B, T, C3))
+        dqkv = reshape(permute(d, (1, 3, 0, 2, 4)), (B, T, C3))
+        return (dqkv, None) if bias_grad else dqkv
     dqkv = _empty((B, T, C3), qkv.dtype, qkv.device)
-    if B * T == 0:
-        return dqkv
-    (oq, ok, ov), lin, lo = _qkv_layouts(B, T, C, D)
-    isz = qkv.dtype.itemsize
-    native.attention_backward(qkv.device, _CODE[qkv.dtype], dqkv.ptr + oq * isz, dqkv.ptr + ok * isz, dqkv.ptr + ov * isz,
-                          grad.ptr, qkv.ptr + oq * isz, qkv.ptr + ok * isz, qkv.ptr + ov * isz, out.ptr, lse.ptr,
-                          lin, lin, lin, lo, B, n_head, T, T, D, bool(causal), float(scale), _precise(),
-                          float(dropout_p), _ptr(rng))
-    return dqkv
+    fuse_db = bias_grad and dropout_p == 0.0 and T % 16 == 0 and B * T > 0
+    db = _empty((C3,), float32, qkv.device) if fuse_db else None
+    if B * T > 0:
+        (oq, ok, ov), lin, lo = _qkv_layouts(B, T, C, D)
+        isz = qkv.dtype.itemsize
+        native.attention_backward(qkv.device, _CODE[qkv.dtype], dqkv.ptr + oq * isz, dqkv.ptr + ok * isz,
+                                  dqkv.ptr + ov * isz, grad.ptr, qkv.ptr + oq * isz, qkv.ptr + ok * isz,
+                                  qkv.ptr + ov * isz, out.ptr, lse.ptr, lin, lin, lin, lo, B, n_head, T, T, D,
+                                  bool(causal), float(scale), _precise(), float(dropout_p), _ptr(rng), _ptr(db))
+    return (dqkv, db) if bias_grad else dqkv
 
 
 # ---- which fused kernels run (benchmarks and tests compare them) ---------------------------------

@@ -58,7 +58,7 @@ def matmul(a: CudaArray, b: CudaArray, transpose_a: bool = False, transpose_b: b
     return out
 
 
-_EPI_BIAS, _EPI_GELU_BIAS, _EPI_BGRAD, _EPI_GELU = 1, 2, 3, 4
+_EPI_BIAS, _EPI_GELU_BIAS, _EPI_BGRAD, _EPI_GELU, _EPI_DGELU = 1, 2, 3, 4, 5
 
 
 def linear(x: CudaArray, w: CudaArray, b, activation: str | None):
@@ -137,8 +137,20 @@ def weight_grad(grad: CudaArray, x: CudaArray, dtype: DType) -> CudaArray:
     return dw
 
 
+def _dx_through_gelu(grad: CudaArray, w: CudaArray, x_gelu_pre: CudaArray) -> CudaArray:
+    """gelu'(x_gelu_pre) * (grad (N, O) @ w (O, I)) -> (N, I): in bf16 the GELU's backward in the GEMM's
+    epilogue (cuBLASLt's DGELU, reading x_gelu_pre there), else the GEMM and engine's GELU backward."""
+    (N, O), I = grad.shape, w.shape[1]
+    if grad.dtype is bfloat16 and w.dtype is bfloat16 and x_gelu_pre.dtype is bfloat16:
+        dx = _empty((N, I), bfloat16, grad.device)
+        if native.matmul_epilogue(grad.device, _CODE[bfloat16], _EPI_DGELU, dx.ptr, grad.ptr, w.ptr, N, I, O, False,
+                                  False, 0, x_gelu_pre.ptr):
+            return dx
+    return gelu_backward(x_gelu_pre, matmul(grad, w))
+
+
 def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation: str | None, need: tuple,
-                    param_dtype: DType | None = None, fp8=None):
+                    param_dtype: DType | None = None, fp8=None, x_gelu_pre=None):
     """grad (N, O) of linear's out -> dx (N, I), dw (O, I), db (O,); None where `need` (x, w, b) is
     False. dx is x's dtype; dw and db are param_dtype's (None: x's), float32 for bf16 x and w under
     autocast: the weight gradient's GEMM and the bias-gradient kernel write float32 themselves. The bias
@@ -149,7 +161,8 @@ def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation
     a history (its first cast scales by its own amax, a pass of its own) the bias kernel writes the
     E5M2 codes of the GEMMs' operand (dpre after the GELU, grad without) and their transpose for dw in
     the pass that sums the bias gradient; after the GELU the bf16 dpre is then not written, and made
-    only if a GEMM has no FP8 algorithm."""
+    only if a GEMM has no FP8 algorithm. x_gelu_pre (N, I): x is gelu(x_gelu_pre) (the MLP's hidden
+    layer), and dx is the gradient at x_gelu_pre instead, the GELU's backward in dx's GEMM (no FP8)."""
     if grad.dtype is not x.dtype:
         grad = astype(grad, x.dtype)
     pdt = x.dtype if param_dtype is None else param_dtype
@@ -169,7 +182,7 @@ def linear_backward(grad: CudaArray, x: CudaArray, w: CudaArray, pre, activation
     if grad is None and ((need[0] and dx is None) or (need[1] and dw is None)):
         grad = gelu_backward(pre, g_out)  # a GEMM with no FP8 algorithm: the bf16 dpre after all
     if need[0] and dx is None:
-        dx = matmul(grad, w)
+        dx = matmul(grad, w) if x_gelu_pre is None else _dx_through_gelu(grad, w, x_gelu_pre)
     if (need[1] and dw is None and need[2] and db is None and x.dtype in (float32, bfloat16)
             and pdt in (x.dtype, float32)):
         (N, O), I = grad.shape, x.shape[1]
