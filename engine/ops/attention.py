@@ -58,8 +58,9 @@ class ProjectedSelfAttention(Function):
 
     def backward(self, g):
         a, need = self.attn, self.needs_input_grad
-        dqkv, db = self.be.attention_qkv_backward(g, a.qkv, a.out, a.lse, a.n_head, a.causal, a.scale,
-                                                  dropout_p=a.dropout_p, rng=a.rng, bias_grad=need[2])
+        res = self.be.attention_qkv_backward(g, a.qkv, a.out, a.lse, a.n_head, a.causal, a.scale,
+                                             dropout_p=a.dropout_p, rng=a.rng, bias_grad=need[2])
+        dqkv, db = res if need[2] else (res, None)  # (dqkv, db or None) when the bias's gradient is asked
         self.proj.parents = self.parents
         self.proj.needs_input_grad = (need[0], need[1], need[2] and db is None)
         dx, dw, db_proj = self.proj.backward(dqkv)

@@ -328,3 +328,26 @@ def test_autocast_per_device_type_cuda_leaves_cpu_alone():
         with engine.autocast("cpu", enabled=False):
             assert lin(x).dtype == engine.float32
     assert not engine.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("frozen", [0, 1, 2])
+def test_fused_ops_with_a_frozen_input(frozen):
+    """F.projected_self_attention and F.mlp where one input takes no gradient (a frozen weight or
+    bias): the others' gradients as the unfused layers give them, and none for it."""
+    rng = np.random.default_rng(7)
+    arrays = [rng.standard_normal(s) * f for s, f in (((2, 16, 6), 1.0), ((24, 6), 0.3), ((24,), 0.5))]
+    mlp_arrays = [rng.standard_normal(s) * f for s, f in (((3, 6), 1.0), ((8, 6), 0.3), ((8,), 0.5), ((5, 8), 0.3))]
+    cases = [(arrays, lambda x, w, b: F.projected_self_attention(x, w, b, 2),
+              lambda x, w, b: F.self_attention(F.linear(x, w, b), 2)),
+             (mlp_arrays, lambda x, w1, b1, w2: F.mlp(x, w1, b1, w2),
+              lambda x, w1, b1, w2: F.linear(F.gelu(F.linear(x, w1, b1)), w2))]
+    for inputs, fused, plain in cases:
+        res = []
+        for fn in (fused, plain):
+            ts = [engine.tensor(a, dtype=engine.float64, requires_grad=i != frozen) for i, a in enumerate(inputs)]
+            (fn(*ts) ** 2).sum().backward()
+            res.append([None if t.grad is None else t.grad.numpy() for t in ts])
+        assert res[0][frozen] is None
+        for got, want in zip(*res):
+            if want is not None:
+                np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
