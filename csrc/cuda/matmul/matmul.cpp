@@ -13,9 +13,9 @@
 // backward's input); BGRAD c = a b and bias = row sums of op(a) (the bias gradient, from the weight
 // gradient's GEMM); DGELU c = gelu'(aux) * (a b), aux the GELU's input (the GELU's backward in the dx
 // GEMM of the layer after it, engine/ops/mlp.py). In cuBLAS terms our output columns are its rows, so
-// our bias (N,) is its per-row bias (EPILOGUE_BIAS), and our op(a)'s rows are its B's columns (EPILOGUE_BGRADB). The bias
-// (and its gradient) is of the output's dtype: cuBLASLt (13.x, H200) refuses a float32 bias beside a
-// bf16 output, so autocast's float32 master bias is cast for the forward.
+// our bias (N,) is its per-row bias (EPILOGUE_BIAS), and our op(a)'s rows are its B's columns
+// (EPILOGUE_BGRADB). The bias (and its gradient) is of the output's dtype: cuBLASLt (13.x, H200)
+// refuses a float32 bias beside a bf16 output, so autocast's float32 master bias is cast for the forward.
 #include <cublasLt.h>
 
 #include <cstring>

@@ -17,8 +17,8 @@ void matmul(int device, int dtype, void* c, const void* a, const void* b, int64_
             int out_dtype = -1);
 // The same GEMM (no batch) with an epilogue of the Linear layer (matmul.cpp's header says what each
 // does): c (M, N); bias (N,) for BIAS / GELU_BIAS, (M,) written for BGRAD; aux (M, N) written for
-// GELU_BIAS / GELU, read for DGELU (the GELU's input); out_dtype as for matmul, and the bias of it. Returns false, doing nothing, where
-// cuBLASLt offers no algorithm for it.
+// GELU_BIAS / GELU, read for DGELU (the GELU's input); out_dtype as for matmul, and the bias of it.
+// Returns false, doing nothing, where cuBLASLt offers no algorithm for it.
 enum MatmulEpilogue { EPI_NONE = 0, EPI_BIAS = 1, EPI_GELU_BIAS = 2, EPI_BGRAD = 3, EPI_GELU = 4, EPI_DGELU = 5 };
 bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a, const void* b, int64_t M, int64_t N,
                      int64_t K, bool trans_a, bool trans_b, void* bias, void* aux, int out_dtype = -1);
