@@ -62,11 +62,13 @@ def add_deferred(x: Tensor, pending: tuple[Tensor, Tensor | None]) -> Tensor:
     return x + out if bias is None else x + out + bias
 
 
-# The fused ops whose backward folds a gradient pass into another (F.projected_self_attention,
-# F.mlp) run from this width: on an H100 (20th session, same run) they took 0.45 ms off gpt2_124m's
-# step (width 768, 30.07 against 30.52 ms) and added 0.14 ms to shakespeare_char's (384, 4.55
-# against 4.42); the crossover between the two widths was not measured.
-FUSED_BACKWARD_MIN_WIDTH = 768
+# The fused ops whose backward folds a gradient pass into another run from these widths (n_embd):
+# F.projected_self_attention in MultiHeadAttention, F.mlp in MLP. On an H100 (20th session, same run)
+# the two took 0.45 ms off gpt2_124m's step (width 768: 30.07 against 30.52 ms; the attention's part
+# about 0.1, the MLP's 0.33) and added 0.14 ms to shakespeare_char's (384: 4.55 against 4.42; which
+# op, and where between 384 and 768 either starts to pay, not measured: bench/fused_width_sweep.py).
+FUSED_ATTENTION_MIN_WIDTH = 768
+FUSED_MLP_MIN_WIDTH = 768
 
 
 class MultiHeadAttention(Module):
@@ -103,7 +105,7 @@ class MultiHeadAttention(Module):
             # the scores in the backward: there the split-heads path below is 25% faster per
             # training step (bench/cpu_step.py). With c_attn's bias in the op too, the attention's
             # backward gives that bias's gradient (F.projected_self_attention)
-            if C >= FUSED_BACKWARD_MIN_WIDTH and _bias_can_move(self.c_attn):
+            if C >= FUSED_ATTENTION_MIN_WIDTH and _bias_can_move(self.c_attn):
                 return F.projected_self_attention(x, self.c_attn.weight, self.c_attn.bias, H, is_causal=self.causal,
                                                   dropout_p=dropout_p)
             return F.self_attention(self.c_attn(x), H, is_causal=self.causal, dropout_p=dropout_p)
@@ -132,7 +134,7 @@ class MLP(Module):
         """forward(x) as (out, c_proj's bias or None), their sum being it (project_bias_deferred). Both
         layers in one op (F.mlp, whose backward runs the GELU's in c_proj's dx GEMM) where they are plain."""
         fc, proj = self.c_fc, self.c_proj
-        if not (fc.in_features >= FUSED_BACKWARD_MIN_WIDTH and _plain(fc) and _plain(proj)):
+        if not (fc.in_features >= FUSED_MLP_MIN_WIDTH and _plain(fc) and _plain(proj)):
             return project_bias_deferred(proj, self.dropout, self.hidden(x))
         if _bias_can_move(proj) and not (self.dropout.training and self.dropout.p > 0):
             return F.mlp(x, fc.weight, fc.bias, proj.weight), proj.bias

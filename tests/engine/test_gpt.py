@@ -169,7 +169,8 @@ def test_the_blocks_with_their_adds_fused_equal_the_blocks_one_by_one(fused_ops,
     is the GPU's)."""
     from engine.nn import transformer
 
-    monkeypatch.setattr(transformer, "FUSED_BACKWARD_MIN_WIDTH", 0 if fused_ops else 1 << 30)
+    for gate in ("FUSED_ATTENTION_MIN_WIDTH", "FUSED_MLP_MIN_WIDTH"):
+        monkeypatch.setattr(transformer, gate, 0 if fused_ops else 1 << 30)
     engine.manual_seed(0)
     model = GPT(TINY)
     rng = np.random.default_rng(1)
