@@ -54,6 +54,13 @@ class Function:
     def save_for_backward(self, *arrays) -> None:
         self.saved = arrays
 
+    def inner(self, cls) -> "Function":
+        """A `cls` op that this op runs inside itself (its forward and backward called directly, on this
+        op's backend and device): a fused op made of existing ones."""
+        op = cls()
+        op.be, op.device = self.be, self.device
+        return op
+
     @classmethod
     def apply(cls, *args, **params):
         tensors = [a for a in args if isinstance(a, Tensor)]

@@ -50,9 +50,7 @@ class ProjectedSelfAttention(Function):
 
     def forward(self, x, w, b, n_head: int, causal: bool, scale: float, dropout_p: float = 0.0, seed: int = 0,
                 compute_dtype=None):
-        self.proj, self.attn = Linear(), AttentionQKV()
-        for op in (self.proj, self.attn):
-            op.be, op.device = self.be, self.device
+        self.proj, self.attn = self.inner(Linear), self.inner(AttentionQKV)
         qkv = self.proj.forward(x, w, b, None, compute_dtype)
         return self.attn.forward(qkv, n_head, causal, scale, dropout_p, seed)
 

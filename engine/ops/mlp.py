@@ -16,9 +16,7 @@ class MLP(Function):
     master weights). No FP8 (an FP8 layer's gradient pass writes FP8 codes this op has no place for)."""
 
     def forward(self, x, w1, b1, w2, b2=None, compute_dtype=None):
-        self.fc, self.proj = Linear(), Linear()
-        for op in (self.fc, self.proj):
-            op.be, op.device = self.be, self.device
+        self.fc, self.proj = self.inner(Linear), self.inner(Linear)
         self.has_b1, self.has_b2 = b1 is not None, b2 is not None
         h = self.fc.forward(x, w1, b1, "gelu", compute_dtype)
         return self.proj.forward(h, w2, b2, None, compute_dtype)
