@@ -18,9 +18,9 @@ import os
 import sys
 import time
 
-import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's engine
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's engine
+from gpt_step import engine_step  # noqa: E402  (the bench's step)
 
 VARIANTS = {"neither": (False, False), "attention": (True, False), "mlp": (False, True), "both": (True, True)}
 
@@ -28,28 +28,14 @@ VARIANTS = {"neither": (False, False), "attention": (True, False), "mlp": (False
 def time_step(width: int, variant: str, args, device: str = "cuda") -> float:
     """ms per step of a GPT of `width` with the variant's fused ops switched on, the others off."""
     import engine
-    from engine.nn import GPT, GPTConfig, transformer
+    from engine.nn import transformer
 
     attention, mlp = VARIANTS[variant]
     off = 1 << 30
     transformer.FUSED_ATTENTION_MIN_WIDTH = 0 if attention else off
     transformer.FUSED_MLP_MIN_WIDTH = 0 if mlp else off
-    engine.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.layers, n_head=max(1, width // 64),
-                          n_embd=width, dropout=0.0, bias=True)).to(device)
-    opt = engine.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
-    rng = np.random.default_rng(0)
-    idx = engine.tensor(rng.integers(0, args.vocab, (args.batch, args.seq)), device=device)
-    tgt = engine.tensor(rng.integers(0, args.vocab, (args.batch, args.seq)), device=device)
-
-    def step_fn(x, y):
-        with engine.autocast(device, dtype=engine.bfloat16):
-            _, loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
+    c = dict(V=args.vocab, T=args.seq, L=args.layers, H=max(1, width // 64), D=width, B=args.batch)
+    step_fn, idx, tgt, _ = engine_step(c, "bf16", device)
     step = engine.cuda.graphs.CapturedStep(step_fn) if device == "cuda" else step_fn
     for _ in range(args.warmup):
         step(idx, tgt)

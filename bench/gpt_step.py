@@ -35,33 +35,44 @@ def _flops_per_token(nparams: int, c: dict) -> float:
     return 6 * nparams + 12 * c["L"] * c["T"] * c["D"]
 
 
-def bench_engine(name: str, steps: int, warmup: int, profile: int = 0, mode: str = "fp32") -> dict:
+def engine_step(c: dict, mode: str = "bf16", device: str = "cuda"):
+    """The bench's training step on engine for config c (a CONFIGS entry, or one like it): a GPT with
+    biases and no dropout, AdamW with torch's defaults, one fixed random batch. mode: fp32 (no
+    autocast), bf16..., fp8... (engine.fp8 on the linear layers). -> (step_fn(idx, tgt) -> loss, idx,
+    tgt, model)."""
     import numpy as np
 
     import engine
     from engine.nn import GPT, GPTConfig
 
-    c = CONFIGS[name]
     engine.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=c["V"], block_size=c["T"], n_layer=c["L"], n_head=c["H"], n_embd=c["D"],
-                          dropout=0.0, bias=True)).to("cuda")
-    nparams = model.num_parameters()
+                          dropout=0.0, bias=True)).to(device)
     if mode.startswith("fp8"):  # bf16 autocast with the linear layers' forward and dx GEMMs in FP8 (engine.fp8)
         import engine.fp8
         engine.fp8.enable(model)
     opt = engine.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)  # torch's defaults
     rng = np.random.default_rng(0)
-    idx = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device="cuda")
-    tgt = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device="cuda")
+    idx = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device=device)
+    tgt = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device=device)
 
     def step_fn(x, y):
-        with engine.autocast("cuda", dtype=engine.bfloat16, enabled=mode != "fp32"):
+        with engine.autocast(device, dtype=engine.bfloat16, enabled=mode != "fp32"):
             _, loss = model(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
 
+    return step_fn, idx, tgt, model
+
+
+def bench_engine(name: str, steps: int, warmup: int, profile: int = 0, mode: str = "fp32") -> dict:
+    import engine
+
+    c = CONFIGS[name]
+    step_fn, idx, tgt, model = engine_step(c, mode)
+    nparams = model.num_parameters()
     captured = engine.cuda.graphs.CapturedStep(step_fn) if mode.endswith("_graph") else None
 
     def step():

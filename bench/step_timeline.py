@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo's engine
-from gpt_step import CONFIGS  # noqa: E402
+from gpt_step import CONFIGS, engine_step  # noqa: E402
 
 
 def kind(name: str) -> str:
@@ -78,25 +78,8 @@ def record(config: str, graph: bool, steps: int = 3, warmup: int = 6) -> list[di
     from torch.profiler import ProfilerActivity, profile
 
     import engine
-    from engine.nn import GPT, GPTConfig
 
-    c = CONFIGS[config]
-    engine.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=c["V"], block_size=c["T"], n_layer=c["L"], n_head=c["H"], n_embd=c["D"],
-                          dropout=0.0, bias=True)).to("cuda")
-    opt = engine.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
-    rng = np.random.default_rng(0)
-    idx = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device="cuda")
-    tgt = engine.tensor(rng.integers(0, c["V"], (c["B"], c["T"])), device="cuda")
-
-    def step_fn(x, y):
-        with engine.autocast("cuda", dtype=engine.bfloat16):
-            _, loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
+    step_fn, idx, tgt, _ = engine_step(CONFIGS[config], "bf16")
     captured = engine.cuda.graphs.CapturedStep(step_fn) if graph else None
     for _ in range(warmup):
         captured(idx, tgt) if captured is not None else step_fn(idx, tgt)
