@@ -216,6 +216,30 @@ def embedding(idx: Tensor, weight: Tensor) -> Tensor:
     return out.type(dt) if dt is not None else out
 
 
+def embedding_with_positions(idx: Tensor, weight: Tensor, pos_weight: Tensor, start: int = 0) -> Tensor:
+    """embedding(idx, weight) + embedding(arange(start, start + T), pos_weight) as one op: idx (B, T)
+    int64, weight (V, C), pos_weight (P, C) -> (B, T, C), a language model's input. Under autocast the
+    float32 sum is rounded to bf16 once (on the GPU one kernel where two lookups, two casts and an add
+    ran)."""
+    if idx.dtype != dtypes.int64 or idx.ndim != 2:
+        raise TypeError(f"embedding_with_positions: idx must be (B, T) int64, got {idx.dtype} of shape {idx.shape}")
+    if weight.ndim != 2 or pos_weight.ndim != 2 or weight.shape[1] != pos_weight.shape[1]:
+        raise ValueError(f"embedding_with_positions: weight (V, C) and pos_weight (P, C) do not fit: "
+                         f"{weight.shape}, {pos_weight.shape}")
+    T = idx.shape[1]
+    if start < 0 or start + T > pos_weight.shape[0]:
+        raise ValueError(f"embedding_with_positions: positions {start}..{start + T - 1} are out of range for "
+                         f"{pos_weight.shape[0]} positions")
+    if idx.device.type == "cpu" and idx.numel():
+        i = idx.numpy()
+        lo, hi = int(i.min()), int(i.max())
+        if lo < 0 or hi >= weight.shape[0]:
+            raise IndexError(f"embedding_with_positions: index {hi if hi >= weight.shape[0] else lo} is out of "
+                             f"range for {weight.shape[0]} embeddings (valid: 0..{weight.shape[0] - 1})")
+    dt = _autocast_dtype(weight)
+    return N.EmbeddingPositions.apply(weight, pos_weight, idx, start=int(start), out_dtype=dt)
+
+
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Inverted dropout from the engine's seeded generator (engine.manual_seed)."""
     if not 0.0 <= p < 1.0:

@@ -82,7 +82,12 @@ class GPT(Module):
             raise ValueError(f"GPT: sequence of {start + T} tokens exceeds block_size {self.config.block_size}; "
                              "crop the input (generate() does this itself)")
         tr = self.transformer
-        x = tr["drop"](tr["wte"](idx) + tr["wpe"](arange(start, start + T, device=idx.device)))
+        wte, wpe = tr["wte"], tr["wpe"]
+        if type(wte).forward is Embedding.forward and type(wpe).forward is Embedding.forward:
+            x = F.embedding_with_positions(idx, wte.weight, wpe.weight, start)  # one op (on the GPU one kernel)
+        else:
+            x = wte(idx) + wpe(arange(start, start + T, device=idx.device))
+        x = tr["drop"](x)
         return run_blocks(tr["h"], x, tr["ln_f"], caches)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None, *, return_logits: bool = False):

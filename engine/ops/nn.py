@@ -114,6 +114,19 @@ class Embedding(Function):
         return self.be.embedding_backward(g, self.idx, self.num), None
 
 
+class EmbeddingPositions(Function):
+    """weight (V, C), pos (P, C), idx (B, T) -> (B, T, C) = weight[idx] + pos[start:start + T] in out_dtype
+    (None: weight's): a language model's token and position embeddings as one op."""
+
+    def forward(self, weight, pos, idx, start: int, out_dtype=None):
+        self.idx, self.num, self.num_pos, self.start = idx, weight.shape[0], pos.shape[0], start
+        return self.be.embedding_positions(weight, pos, idx, start, out_dtype)
+
+    def backward(self, g):
+        dweight, dpos = self.be.embedding_positions_backward(g, self.idx, self.num, self.num_pos, self.start)
+        return dweight, dpos, None
+
+
 class Dropout(Function):
     """Inverted dropout: zero with probability p, scale the rest by 1/(1-p)."""
 

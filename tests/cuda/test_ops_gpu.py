@@ -65,6 +65,29 @@ def test_embedding_matches_cpu():
     np.testing.assert_allclose(res["cuda"][1][0], res["cpu"][1][0], atol=1e-6)
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+def test_embedding_with_positions_matches_cpu(autocast):
+    """The token + position embedding kernel (float32 tables into float32, or bf16 under autocast: the sum
+    rounded once) and its backward (one cast, scatter-add, the batch's sum for the positions), against
+    the CPU backend; B 3, T 5 from position 2 of 9, C 260 (more than a block's threads)."""
+    r = np.random.default_rng(2)
+    idx_np = r.integers(0, 7, (3, 5))
+    idx_np[0, :2] = 4  # a token seen twice
+    w, p, g = (r.standard_normal(s).astype(np.float32) for s in ((7, 260), (9, 260), (3, 5, 260)))
+    res = {}
+    for dev in ("cpu", "cuda"):
+        idx = engine.tensor(idx_np, device=dev)
+        wt, pt = (engine.tensor(a, device=dev, requires_grad=True) for a in (w, p))
+        with engine.autocast(dev, dtype=engine.bfloat16, enabled=autocast):
+            out = F.embedding_with_positions(idx, wt, pt, 2)
+        assert out.dtype is (engine.bfloat16 if autocast else engine.float32)
+        (out.float() * engine.tensor(g, device=dev)).sum().backward()
+        res[dev] = (out.float().numpy(), wt.grad.numpy(), pt.grad.numpy())
+    for got, want in zip(res["cuda"], res["cpu"]):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(res["cuda"][2][:2], 0.0)
+
+
 def test_dropout_on_gpu_is_seeded_and_inverted():
     x = engine.ones(300, 200, device="cuda", requires_grad=True)
     engine.manual_seed(7)

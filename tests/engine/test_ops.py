@@ -34,6 +34,8 @@ def _projected_torch(x, w, b, n_head=2, causal=True):
     return y.permute(0, 2, 1, 3).reshape(B, T, -1)
 
 
+_EMB_IDX = engine.tensor(np.array([[0, 3, 3], [4, 1, 0]]))  # (B, T) tokens, one seen twice, for the embedding case
+
 # name: (engine fn, torch fn, input shapes, input range)
 CASES = {
     "add_broadcast": (lambda a, b: a + b, lambda a, b: a + b, [(3, 4), (4,)], None),
@@ -108,6 +110,9 @@ CASES = {
     "masked_fill": (lambda a: a.masked_fill(a < 0, 0.5) * a, lambda a: a.masked_fill(a < 0, 0.5) * a, [(3, 4)], None),
     "sdpa_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), _causal_torch,
                     [(2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 3)], None),
+    "embedding_with_positions": (lambda w, p: F.embedding_with_positions(_EMB_IDX.to(w.device), w, p, 1),
+                                 (lambda w, p: w[torch.tensor(_EMB_IDX.numpy())] + p[1:4]) if torch else None,
+                                 [(5, 4), (6, 4)], None),
     "mlp": (lambda x, w1, b1, w2, b2: F.mlp(x, w1, b1, w2, b2),
             (lambda x, w1, b1, w2, b2: TF.linear(TF.gelu(TF.linear(x, w1, b1), approximate="tanh"), w2, b2))
             if TF else None, [(2, 3, 4), (8, 4), (8,), (5, 8), (5,)], None),

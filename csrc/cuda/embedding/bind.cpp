@@ -11,6 +11,11 @@ void bind_embedding(py::module_& m) {
                                   int64_t C) {
         embedding_forward(device, dtype, P(out), P(weight), P<const int64_t>(idx), N, V, C);
     });
+    m.def("embedding_positions_forward", [](int device, int out_dtype, addr out, addr weight, addr pos, addr idx,
+                                            int64_t N, int64_t V, int64_t C, int T, int start) {
+        embedding_positions_forward(device, out_dtype, P(out), P<const float>(weight), P<const float>(pos),
+                                    P<const int64_t>(idx), N, V, C, T, start);
+    });
     m.def("embedding_backward", [](int device, addr dweight, addr g, addr idx, int64_t N, int64_t V, int64_t C) {
         embedding_backward(device, P<float>(dweight), P<const float>(g), P<const int64_t>(idx), N, V, C);
     });

@@ -1,5 +1,6 @@
 // Embedding lookup and its backward (scatter-add of rows; a token seen twice gets both gradients).
 #include <algorithm>
+#include <stdexcept>
 
 #include "copy/copy.h"  // fill
 #include "embedding/embedding.h"
@@ -21,6 +22,26 @@ __global__ void embedding_forward_kernel(T* __restrict__ out, const T* __restric
         }
         const T* w = weight + t * C;
         for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = w[c];
+    }
+}
+
+// A language model's input: out (N, C) = weight[idx[n]] + pos[start + n % T] for idx (B, T) flattened
+// (N = B * T), float32 tables, out float32 or bf16 (autocast's: the sum rounded once). One kernel where
+// two lookups, two casts and a broadcasting add ran. An out-of-range token gives a NaN row.
+template <typename Tout>
+__global__ void embedding_positions_kernel(Tout* __restrict__ out, const float* __restrict__ weight,
+                                           const float* __restrict__ pos, const int64_t* __restrict__ idx,
+                                           int64_t N, int64_t V, int64_t C, int T, int start) {
+    for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+        int64_t t = idx[n];
+        Tout* o = out + n * C;
+        const float* p = pos + (int64_t)(start + (int)(n % T)) * C;
+        if (t < 0 || t >= V) {
+            for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = (Tout)NAN;
+            continue;
+        }
+        const float* w = weight + t * C;
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = (Tout)(w[c] + p[c]);
     }
 }
 
@@ -74,6 +95,24 @@ void embedding_forward(int device, int dtype, void* out, const void* weight, con
     else
         unsupported("embedding", dtype);
     check_launch("embedding");
+}
+
+void embedding_positions_forward(int device, int out_dtype, void* out, const float* weight, const float* pos,
+                                 const int64_t* idx, int64_t N, int64_t V, int64_t C, int T, int start) {
+    if (N == 0 || C == 0) return;
+    if (T <= 0 || N % T != 0) throw std::invalid_argument("embedding_positions: N must be a multiple of T");
+    use_device(device);
+    unsigned int grid = (unsigned int)std::min<int64_t>(N, 65535 * 4);
+    int threads = C >= 256 ? 256 : 64;
+    cudaStream_t st = stream(device);
+    if (out_dtype == F32)
+        embedding_positions_kernel<float><<<grid, threads, 0, st>>>((float*)out, weight, pos, idx, N, V, C, T, start);
+    else if (out_dtype == BF16)
+        embedding_positions_kernel<__nv_bfloat16><<<grid, threads, 0, st>>>((__nv_bfloat16*)out, weight, pos, idx, N,
+                                                                            V, C, T, start);
+    else
+        unsupported("embedding_positions", out_dtype);
+    check_launch("embedding_positions");
 }
 
 void embedding_backward(int device, float* dweight, const float* g, const int64_t* idx, int64_t N, int64_t V,

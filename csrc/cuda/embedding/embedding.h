@@ -11,6 +11,10 @@ namespace engine {
 // weight (V, C), idx (N,) -> out (N, C); backward scatter-adds into dweight (V, C)
 void embedding_forward(int device, int dtype, void* out, const void* weight, const int64_t* idx, int64_t N,
                        int64_t V, int64_t C);
+// weight (V, C), pos (P, C) float32, idx (N,) = (B, T) flattened -> out (N, C) of out_dtype (F32 or
+// BF16) = weight[idx[n]] + pos[start + n % T] (start + T <= P: the caller checks)
+void embedding_positions_forward(int device, int out_dtype, void* out, const float* weight, const float* pos,
+                                 const int64_t* idx, int64_t N, int64_t V, int64_t C, int T, int start);
 void embedding_backward(int device, float* dweight, const float* g, const int64_t* idx, int64_t N, int64_t V,
                         int64_t C);
 

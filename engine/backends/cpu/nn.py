@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .bf16 import any_bf16, narrow, widen
-from .creation import Array
+from .creation import Array, astype, dtype_of
 
 
 def layer_norm(x: Array, weight, bias, eps: float):
@@ -166,3 +166,21 @@ def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array:
     out = np.zeros((num_embeddings, C), dtype=grad.dtype)
     np.add.at(out, idx.reshape(-1), grad.reshape(-1, C))
     return out
+
+
+def embedding_positions(weight: Array, pos: Array, idx: Array, start: int, out_dtype=None) -> Array:
+    """weight (V, C), pos (P, C), idx (B, T) int64 -> (B, T, C) = weight[idx] + pos[start:start + T], of
+    out_dtype (None: weight's; bf16 rounds the sum once, as the GPU kernel does)."""
+    out = weight[idx] + pos[start:start + idx.shape[-1]]
+    return out if out_dtype is None or out_dtype is dtype_of(out) else astype(out, out_dtype)
+
+
+def embedding_positions_backward(grad: Array, idx: Array, num_embeddings: int, num_positions: int,
+                                 start: int) -> tuple[Array, Array]:
+    """grad (B, T, C) -> dweight (V, C) (rows scatter-added), dpos (P, C) (the batch's sum in rows
+    start..start+T-1, zeros elsewhere); float32 for a bf16 grad."""
+    grad = widen(grad)
+    T, C = idx.shape[-1], grad.shape[-1]
+    dpos = np.zeros((num_positions, C), dtype=grad.dtype)
+    dpos[start:start + T] = grad.reshape(-1, T, C).sum(axis=0)
+    return embedding_backward(grad, idx, num_embeddings), dpos

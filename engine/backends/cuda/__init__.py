@@ -30,7 +30,8 @@ from .fp8 import cross_entropy_with_grad_fp8_, fp8_cast, fp8_meta, matmul_fp8
 from .matmul import _bias_grad, linear, linear_backward, matmul, weight_grad
 from .movement import broadcast_to, concat, getitem, getitem_backward, permute, reshape
 from .nn import (add_layer_norm, add_layer_norm_backward, cross_entropy, cross_entropy_backward,
-                 cross_entropy_with_grad_, embedding, embedding_backward, layer_norm, layer_norm_backward, log_softmax,
+                 cross_entropy_with_grad_, embedding, embedding_backward, embedding_positions,
+                 embedding_positions_backward, layer_norm, layer_norm_backward, log_softmax,
                  log_softmax_backward, softmax, softmax_backward)
 from .optim import (adamw_, adamw_device_, has_device_scalar_kernels, optim_step_advance, scale_, sgd_, sgd_device_,
                     sum_of_squares)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from ...dtypes import bfloat16, float32, int64
 from ..._native import native
 from .arrays import _CODE, CudaArray, _check_float32, _empty, _same_device
-from .creation import astype
+from .creation import arange, astype
+from .movement import reshape
+from .reduce import sum  # noqa: A004 - the primitive's name
 from .elementwise import binary
 
 
@@ -187,3 +189,36 @@ def embedding_backward(grad: CudaArray, idx: CudaArray, num_embeddings: int) -> 
     out = _empty((num_embeddings, C), float32, grad.device)
     native.embedding_backward(grad.device, out.ptr, grad.ptr, idx.ptr, idx.size, num_embeddings, C)
     return out
+
+
+def embedding_positions(weight: CudaArray, pos: CudaArray, idx: CudaArray, start: int, out_dtype=None) -> CudaArray:
+    """weight (V, C), pos (P, C), idx (B, T) int64 -> (B, T, C) = weight[idx] + pos[start:start + T], of
+    out_dtype (None: weight's). float32 tables into float32 or bf16: one kernel (the sum rounded once);
+    other dtypes: the two lookups and the add."""
+    _same_device("embedding_positions", weight, pos, idx)
+    if idx.dtype is not int64:
+        idx = astype(idx, int64)
+    out_dtype = weight.dtype if out_dtype is None else out_dtype
+    (B, T), (V, C) = idx.shape, weight.shape
+    if weight.dtype is not float32 or pos.dtype is not float32 or out_dtype not in (float32, bfloat16):
+        rows = embedding(pos, arange(start, start + T, 1, int64, weight.device))  # (T, C)
+        out = binary("add", embedding(weight, idx), rows)
+        return out if out.dtype is out_dtype else astype(out, out_dtype)
+    out = _empty((B, T, C), out_dtype, weight.device)
+    native.embedding_positions_forward(weight.device, _CODE[out_dtype], out.ptr, weight.ptr, pos.ptr, idx.ptr, B * T,
+                                       V, C, T, int(start))
+    return out
+
+
+def embedding_positions_backward(grad: CudaArray, idx: CudaArray, num_embeddings: int, num_positions: int,
+                                 start: int) -> tuple[CudaArray, CudaArray]:
+    """grad (B, T, C) -> dweight (V, C) (rows scatter-added), dpos (P, C) (the batch's sum in rows
+    start..start+T-1, zeros elsewhere); float32 for a bf16 grad, cast once for both."""
+    if grad.dtype is bfloat16:
+        grad = astype(grad, float32)
+    if idx.dtype is not int64:
+        idx = astype(idx, int64)
+    T, C = idx.shape[-1], grad.shape[-1]
+    rows = sum(reshape(grad, (-1, T, C)), (0,), False)  # (T, C)
+    dpos = embedding_backward(rows, arange(start, start + T, 1, int64, grad.device), num_positions)
+    return embedding_backward(grad, idx, num_embeddings), dpos
