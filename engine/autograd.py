@@ -50,6 +50,14 @@ class Function:
     be = None  # backend module, set per call
     parents: tuple = ()
     needs_input_grad: tuple = ()
+    # Inputs (by position among the tensor arguments) whose gradient backward can add in place into one
+    # that backward() already holds for that tensor from another path, such as a tied weight's (the
+    # head's dweight, then the embedding's rows): backward() passes those as backward(g, into={i: array})
+    # and takes back the same array for input i, with no zeroed buffer and no add after.
+    grad_into: tuple = ()
+    # True where every gradient backward returns is a new array of its own, which backward() may then
+    # hand to a later op's grad_into (a gradient passed through, such as add's g, must not be).
+    new_grads: bool = False
 
     def save_for_backward(self, *arrays) -> None:
         self.saved = arrays
@@ -91,7 +99,7 @@ class Function:
     def forward(self, *args, **params):  # pragma: no cover - interface
         raise NotImplementedError
 
-    def backward(self, grad):  # pragma: no cover - interface
+    def backward(self, grad, into=None):  # pragma: no cover - interface
         raise NotImplementedError
 
 
@@ -126,6 +134,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
     elif isinstance(grad, Tensor):
         grad = grad.data
     grads = {id(root): grad}
+    owned = set()  # ids of tensors whose gradient so far is backward()'s own array (an add's, a new_grads op's)
     order = _topological_order(root)
     # a Function of several outputs runs its backward once, after the last of its outputs in the graph
     waiting = {}  # id(ctx) -> [outputs still to come, their gradients so far]
@@ -136,6 +145,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
     with no_grad():
         for node in reversed(order):
             g = grads.pop(id(node), None)
+            owned.discard(id(node))
             ctx = node._ctx
             if ctx is not None and id(ctx) in waiting:
                 entry = waiting[id(ctx)]
@@ -158,17 +168,27 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 continue
             elif node._retains_grad:
                 node._accumulate_grad(g)
-            parent_grads = ctx.backward(g)
+            into = {i: grads[id(ctx.parents[i])] for i in ctx.grad_into
+                    if ctx.needs_input_grad[i] and id(ctx.parents[i]) in owned}
+            parent_grads = ctx.backward(g, into=into) if into else ctx.backward(g)
             if not isinstance(parent_grads, tuple):
                 parent_grads = (parent_grads,)
-            for parent, needs, pg in zip(ctx.parents, ctx.needs_input_grad, parent_grads):
+            for i, (parent, needs, pg) in enumerate(zip(ctx.parents, ctx.needs_input_grad, parent_grads)):
                 if not needs or pg is None:
                     continue
                 if tuple(pg.shape) != parent.shape:
                     raise RuntimeError(f"internal error: {type(ctx).__name__}.backward gave a gradient of shape "
                                        f"{tuple(pg.shape)} for an input of shape {parent.shape}")
                 prev = grads.get(id(parent))
-                grads[id(parent)] = pg if prev is None else ctx.be.binary("add", prev, pg)
+                if prev is None:
+                    grads[id(parent)] = pg
+                    if ctx.new_grads:
+                        owned.add(id(parent))
+                elif i in into and pg is into[i]:
+                    into.pop(i)  # added in place; a second use of the same tensor by this op adds as usual
+                else:
+                    grads[id(parent)] = ctx.be.binary("add", prev, pg)
+                    owned.add(id(parent))
             if not retain_graph:
                 node._ctx = None
 

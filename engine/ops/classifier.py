@@ -27,6 +27,8 @@ class LinearCrossEntropy(Function):
     F.linear's), and dx's on the gradient's E5M2 codes, which the cross-entropy kernel writes beside the
     bf16 gradient with a fixed scale (|softmax - onehot| <= 1); dweight stays a bf16 GEMM."""
 
+    new_grads = True  # backward's dx and dweight are new arrays (a tied embedding adds to dweight in place)
+
     def forward(self, x, weight, targets, ignore_index: int = -100, reduction: str = "mean",
                 compute_dtype=None, need_dx: bool = False, need_dweight: bool = False, fp8=None):
         be = self.be

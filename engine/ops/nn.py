@@ -110,8 +110,10 @@ class Embedding(Function):
         self.idx, self.num = idx, weight.shape[0]
         return self.be.embedding(weight, idx)
 
-    def backward(self, g):
-        return self.be.embedding_backward(g, self.idx, self.num), None
+    grad_into = (0,)  # a tied weight's rows added to the head's gradient in place
+
+    def backward(self, g, into=None):
+        return self.be.embedding_backward(g, self.idx, self.num, (into or {}).get(0)), None
 
 
 class EmbeddingPositions(Function):
@@ -122,8 +124,11 @@ class EmbeddingPositions(Function):
         self.idx, self.num, self.num_pos, self.start = idx, weight.shape[0], pos.shape[0], start
         return self.be.embedding_positions(weight, pos, idx, start, out_dtype)
 
-    def backward(self, g):
-        dweight, dpos = self.be.embedding_positions_backward(g, self.idx, self.num, self.num_pos, self.start)
+    grad_into = (0,)  # a tied weight's rows added to the head's gradient in place
+
+    def backward(self, g, into=None):
+        dweight, dpos = self.be.embedding_positions_backward(g, self.idx, self.num, self.num_pos, self.start,
+                                                             (into or {}).get(0))
         return dweight, dpos, None
 
 

@@ -344,6 +344,36 @@ def test_embedding(V, C):
     close(gpu.embedding(G(w), G(idx)), cpu.embedding(w, idx))
     g = randn(16, 33, C)
     close(gpu.embedding_backward(G(g), G(idx), V), cpu.embedding_backward(g, idx, V), atol=1e-5, rtol=1e-5)
+    base = randn(V, C)  # into: the rows added to a gradient already there, in place
+    into = G(base)
+    assert gpu.embedding_backward(G(g), G(idx), V, into) is into
+    close(into, base + cpu.embedding_backward(g, idx, V), atol=1e-5, rtol=1e-5, what="into")
+    gb = gpu.astype(G(g), engine.bfloat16)  # a bf16 gradient, read without a cast
+    close(gpu.embedding_backward(gb, G(idx), V), cpu.embedding_backward(H(gpu.astype(gb, F32)), idx, V),
+          atol=1e-5, rtol=1e-5, what="bf16")
+    wrong = G(randn(V, C + 1))  # an array that does not fit is left alone: a new gradient comes back
+    assert gpu.embedding_backward(G(g), G(idx), V, wrong) is not wrong
+
+
+@pytest.mark.parametrize("V,C,T,start", [(65, 384, 33, 0), (50304, 64, 16, 5), (7, 260, 9, 3)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_embedding_positions_backward(V, C, T, start, dtype):
+    """The token rows scatter-added (into a gradient already there, or a new one) and the positions'
+    rows summed over the batch, zeros outside start..start+T-1, from a float32 or bf16 gradient."""
+    P = start + T + 4
+    idx = rng.integers(0, V, (6, T)).astype(np.int64)
+    idx[0, :4] = 2
+    g = gpu.astype(G(randn(6, T, C)), getattr(engine, dtype))
+    g32 = H(gpu.astype(g, F32))
+    want_w, want_p = cpu.embedding_positions_backward(g32, idx, V, P, start)
+    dw, dp = gpu.embedding_positions_backward(g, G(idx), V, P, start)
+    close(dw, want_w, atol=1e-5, rtol=1e-5, what="dweight")
+    close(dp, want_p, atol=1e-5, rtol=1e-5, what="dpos")
+    base = randn(V, C)
+    into = G(base)
+    dw, _ = gpu.embedding_positions_backward(g, G(idx), V, P, start, into)
+    assert dw is into
+    close(into, base + want_w, atol=1e-5, rtol=1e-5, what="into")
 
 
 def test_dropout_mask():

@@ -46,8 +46,9 @@ __global__ void embedding_positions_kernel(Tout* __restrict__ out, const float* 
 }
 
 // small vocabularies: a block owns 32 columns and a slice of the tokens, accumulates (V, 32) in
-// shared memory, then adds it to dweight once. g (N, C), idx (N,) -> dweight (V, C) +=
-__global__ void embedding_backward_shared_kernel(float* __restrict__ dweight, const float* __restrict__ g,
+// shared memory, then adds it to dweight once. g (N, C) float32 or bf16, idx (N,) -> dweight (V, C) +=
+template <typename T>
+__global__ void embedding_backward_shared_kernel(float* __restrict__ dweight, const T* __restrict__ g,
                                                  const int64_t* __restrict__ idx, int64_t N, int64_t V, int64_t C,
                                                  int64_t tokens_per_block) {
     extern __shared__ float acc[];  // (V, 32)
@@ -59,7 +60,7 @@ __global__ void embedding_backward_shared_kernel(float* __restrict__ dweight, co
     if (c < C)
         for (int64_t n = lo + warp; n < hi; n += warps) {
             int64_t t = idx[n];
-            if (t >= 0 && t < V) atomicAdd(&acc[t * 32 + lane], g[n * C + c]);
+            if (t >= 0 && t < V) atomicAdd(&acc[t * 32 + lane], (float)g[n * C + c]);
         }
     __syncthreads();
     for (int64_t i = threadIdx.x; i < V * 32; i += blockDim.x) {
@@ -70,12 +71,25 @@ __global__ void embedding_backward_shared_kernel(float* __restrict__ dweight, co
 }
 
 // large vocabularies: contention is low, add straight into dweight
-__global__ void embedding_backward_atomic_kernel(float* __restrict__ dweight, const float* __restrict__ g,
+template <typename T>
+__global__ void embedding_backward_atomic_kernel(float* __restrict__ dweight, const T* __restrict__ g,
                                                  const int64_t* __restrict__ idx, int64_t N, int64_t V, int64_t C) {
     for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
         int64_t t = idx[n];
         if (t < 0 || t >= V) continue;
-        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(&dweight[t * C + c], g[n * C + c]);
+        for (int64_t c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(&dweight[t * C + c], (float)g[n * C + c]);
+    }
+}
+
+// position rows of a language model's input: g (B, T, C) -> dpos rows start..start+T-1 = sum over b
+// of g[b] (float32 sums, no atomics, so deterministic)
+template <typename T>
+__global__ void positions_backward_kernel(float* __restrict__ dpos, const T* __restrict__ g, int64_t B,
+                                          int64_t TC) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < TC; i += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int64_t b = 0; b < B; ++b) s += (float)g[b * TC + i];
+        dpos[i] = s;
     }
 }
 
@@ -115,25 +129,54 @@ void embedding_positions_forward(int device, int out_dtype, void* out, const flo
     check_launch("embedding_positions");
 }
 
-void embedding_backward(int device, float* dweight, const float* g, const int64_t* idx, int64_t N, int64_t V,
-                        int64_t C) {
-    use_device(device);
-    fill(device, F32, dweight, 0.0, V * C);
-    if (N == 0 || C == 0) return;
-    cudaStream_t st = stream(device);
+template <typename T>
+static void embedding_backward_launch(cudaStream_t st, float* dweight, const T* g, const int64_t* idx, int64_t N,
+                                      int64_t V, int64_t C) {
     if (V <= 256) {
         int64_t col_blocks = ceil_div(C, 32);
         int64_t splits = std::max<int64_t>(1, std::min<int64_t>(264 / col_blocks + 1, ceil_div(N, 64)));
         int64_t per = ceil_div(N, splits);
         splits = ceil_div(N, per);
         std::size_t smem = V * 32 * sizeof(float);
-        embedding_backward_shared_kernel<<<dim3((unsigned)col_blocks, (unsigned)splits), 256, smem, st>>>(
+        embedding_backward_shared_kernel<T><<<dim3((unsigned)col_blocks, (unsigned)splits), 256, smem, st>>>(
             dweight, g, idx, N, V, C, per);
     } else {
         unsigned int grid = (unsigned int)std::min<int64_t>(N, 65535 * 4);
-        embedding_backward_atomic_kernel<<<grid, C >= 256 ? 256 : 64, 0, st>>>(dweight, g, idx, N, V, C);
+        embedding_backward_atomic_kernel<T><<<grid, C >= 256 ? 256 : 64, 0, st>>>(dweight, g, idx, N, V, C);
     }
+}
+
+void embedding_backward(int device, int g_dtype, float* dweight, const void* g, const int64_t* idx, int64_t N,
+                        int64_t V, int64_t C, bool accumulate) {
+    use_device(device);
+    if (!accumulate) fill(device, F32, dweight, 0.0, V * C);
+    if (N == 0 || C == 0) return;
+    cudaStream_t st = stream(device);
+    if (g_dtype == F32)
+        embedding_backward_launch(st, dweight, (const float*)g, idx, N, V, C);
+    else if (g_dtype == BF16)
+        embedding_backward_launch(st, dweight, (const __nv_bfloat16*)g, idx, N, V, C);
+    else
+        unsupported("embedding_backward", g_dtype);
     check_launch("embedding_backward");
+}
+
+void embedding_positions_backward(int device, int g_dtype, float* dweight, float* dpos, const void* g,
+                                  const int64_t* idx, int64_t N, int64_t V, int64_t P, int64_t C, int T, int start,
+                                  bool accumulate) {
+    if (T <= 0 || N % T != 0) throw std::invalid_argument("embedding_positions_backward: N must be a multiple of T");
+    embedding_backward(device, g_dtype, dweight, g, idx, N, V, C, accumulate);
+    fill(device, F32, dpos, 0.0, P * C);
+    if (N == 0 || C == 0) return;
+    cudaStream_t st = stream(device);
+    int64_t TC = (int64_t)T * C, B = N / T;
+    unsigned int grid = (unsigned int)std::min<int64_t>(ceil_div(TC, 256), 65535);
+    float* rows = dpos + (int64_t)start * C;
+    if (g_dtype == F32)
+        positions_backward_kernel<<<grid, 256, 0, st>>>(rows, (const float*)g, B, TC);
+    else
+        positions_backward_kernel<<<grid, 256, 0, st>>>(rows, (const __nv_bfloat16*)g, B, TC);
+    check_launch("embedding_positions_backward");
 }
 
 }  // namespace engine

@@ -158,12 +158,15 @@ def embedding(weight: Array, idx: Array) -> Array:
     return weight[idx]
 
 
-def embedding_backward(grad: Array, idx: Array, num_embeddings: int) -> Array:
+def embedding_backward(grad: Array, idx: Array, num_embeddings: int, into: Array | None = None) -> Array:
     """grad (..., C) -> dweight (V, C), rows scatter-added (a token seen twice gets both gradients);
-    float32 for a bf16 grad (the float32 master weight's gradient under autocast), as on the GPU."""
+    float32 for a bf16 grad (the float32 master weight's gradient under autocast), as on the GPU. into:
+    a gradient to add the rows to in place instead and return, where it is of that dtype and (V, C)
+    (else a new one is made, and the caller adds)."""
     grad = widen(grad)
     C = grad.shape[-1]
-    out = np.zeros((num_embeddings, C), dtype=grad.dtype)
+    fits = into is not None and into.dtype == grad.dtype and into.shape == (num_embeddings, C)
+    out = into if fits else np.zeros((num_embeddings, C), dtype=grad.dtype)
     np.add.at(out, idx.reshape(-1), grad.reshape(-1, C))
     return out
 
@@ -176,11 +179,12 @@ def embedding_positions(weight: Array, pos: Array, idx: Array, start: int, out_d
 
 
 def embedding_positions_backward(grad: Array, idx: Array, num_embeddings: int, num_positions: int,
-                                 start: int) -> tuple[Array, Array]:
-    """grad (B, T, C) -> dweight (V, C) (rows scatter-added), dpos (P, C) (the batch's sum in rows
-    start..start+T-1, zeros elsewhere); float32 for a bf16 grad."""
+                                 start: int, into: Array | None = None) -> tuple[Array, Array]:
+    """grad (B, T, C) -> dweight (V, C) (rows scatter-added; into: a gradient to add them to in place, as
+    embedding_backward's), dpos (P, C) (the batch's sum in rows start..start+T-1, zeros elsewhere);
+    float32 for a bf16 grad."""
     grad = widen(grad)
     T, C = idx.shape[-1], grad.shape[-1]
     dpos = np.zeros((num_positions, C), dtype=grad.dtype)
     dpos[start:start + T] = grad.reshape(-1, T, C).sum(axis=0)
-    return embedding_backward(grad, idx, num_embeddings), dpos
+    return embedding_backward(grad, idx, num_embeddings, into), dpos

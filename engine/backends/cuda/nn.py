@@ -6,8 +6,6 @@ from ...dtypes import bfloat16, float32, int64
 from ..._native import native
 from .arrays import _CODE, CudaArray, _check_float32, _empty, _same_device
 from .creation import arange, astype
-from .movement import reshape
-from .reduce import sum  # noqa: A004 - the primitive's name
 from .elementwise import binary
 
 
@@ -178,16 +176,21 @@ def embedding(weight: CudaArray, idx: CudaArray) -> CudaArray:
     return out
 
 
-def embedding_backward(grad: CudaArray, idx: CudaArray, num_embeddings: int) -> CudaArray:
-    """grad (..., C) -> dweight (V, C), rows scatter-added."""
-    if grad.dtype is bfloat16:
-        grad = astype(grad, float32)
-    _check_float32("embedding_backward", grad)
+def embedding_backward(grad: CudaArray, idx: CudaArray, num_embeddings: int,
+                       into: CudaArray | None = None) -> CudaArray:
+    """grad (..., C) float32 or bf16 -> dweight (V, C) float32, rows scatter-added; into: a gradient to add
+    the rows to in place instead and return (no zeroed buffer, no add after), where it is float32 (V, C)
+    (else a new one is made, and the caller adds)."""
+    if grad.dtype not in (float32, bfloat16):
+        raise TypeError(f"cuda backend: embedding_backward supports float32 and bfloat16 gradients, "
+                        f"got {grad.dtype.name}")
     if idx.dtype is not int64:
         idx = astype(idx, int64)
     C = grad.shape[-1]
-    out = _empty((num_embeddings, C), float32, grad.device)
-    native.embedding_backward(grad.device, out.ptr, grad.ptr, idx.ptr, idx.size, num_embeddings, C)
+    into = into if _fits(into, num_embeddings, C) else None
+    out = into if into is not None else _empty((num_embeddings, C), float32, grad.device)
+    native.embedding_backward(grad.device, _CODE[grad.dtype], out.ptr, grad.ptr, idx.ptr, idx.size, num_embeddings, C,
+                              into is not None)
     return out
 
 
@@ -211,14 +214,24 @@ def embedding_positions(weight: CudaArray, pos: CudaArray, idx: CudaArray, start
 
 
 def embedding_positions_backward(grad: CudaArray, idx: CudaArray, num_embeddings: int, num_positions: int,
-                                 start: int) -> tuple[CudaArray, CudaArray]:
-    """grad (B, T, C) -> dweight (V, C) (rows scatter-added), dpos (P, C) (the batch's sum in rows
-    start..start+T-1, zeros elsewhere); float32 for a bf16 grad, cast once for both."""
-    if grad.dtype is bfloat16:
-        grad = astype(grad, float32)
+                                 start: int, into: CudaArray | None = None) -> tuple[CudaArray, CudaArray]:
+    """grad (B, T, C) float32 or bf16 -> dweight (V, C) (rows scatter-added; into: a gradient to add them
+    to in place, as embedding_backward's), dpos (P, C) (the batch's sum in rows start..start+T-1, zeros
+    elsewhere); float32, read from a bf16 grad without a cast."""
+    if grad.dtype not in (float32, bfloat16):
+        raise TypeError(f"cuda backend: embedding_positions_backward supports float32 and bfloat16 gradients, "
+                        f"got {grad.dtype.name}")
     if idx.dtype is not int64:
         idx = astype(idx, int64)
-    T, C = idx.shape[-1], grad.shape[-1]
-    rows = sum(reshape(grad, (-1, T, C)), (0,), False)  # (T, C)
-    dpos = embedding_backward(rows, arange(start, start + T, 1, int64, grad.device), num_positions)
-    return embedding_backward(grad, idx, num_embeddings), dpos
+    (B, T), C = idx.shape, grad.shape[-1]
+    into = into if _fits(into, num_embeddings, C) else None
+    dweight = into if into is not None else _empty((num_embeddings, C), float32, grad.device)
+    dpos = _empty((num_positions, C), float32, grad.device)
+    native.embedding_positions_backward(grad.device, _CODE[grad.dtype], dweight.ptr, dpos.ptr, grad.ptr, idx.ptr,
+                                        B * T, num_embeddings, num_positions, C, T, int(start), into is not None)
+    return dweight, dpos
+
+
+def _fits(into: CudaArray | None, V: int, C: int) -> bool:
+    """Whether an embedding backward can add its rows into `into`: a float32 (V, C) array."""
+    return into is not None and into.dtype is float32 and into.shape == (V, C)
