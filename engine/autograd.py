@@ -58,6 +58,10 @@ class Function:
     # True where every gradient backward returns is a new array of its own, which backward() may then
     # hand to a later op's grad_into (a gradient passed through, such as add's g, must not be).
     new_grads: bool = False
+    # Set by backward() on the op that made the one-element tensor it runs from, when called without a
+    # gradient and without retain_graph (loss.backward()): that op's backward then runs once, with a
+    # gradient of exactly 1, and may hand over arrays it holds instead of scaled copies.
+    unit_grad_once: bool = False
 
     def save_for_backward(self, *arrays) -> None:
         self.saved = arrays
@@ -126,13 +130,16 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) into `.grad` of every leaf that requires grad."""
     if not root.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad (no op on its path required grad)")
-    if grad is None:
+    unit = grad is None
+    if unit:
         if root.numel() != 1:
             raise RuntimeError(f"backward() without a gradient needs a one-element tensor, got shape {root.shape}; "
                                "pass gradient=... for a non-scalar output")
         grad = root._backend.full(root.shape, 1.0, root.dtype, root.device.index)
     elif isinstance(grad, Tensor):
         grad = grad.data
+    if root._ctx is not None and getattr(root._ctx, "n_outputs", 1) == 1:
+        root._ctx.unit_grad_once = unit and not retain_graph
     grads = {id(root): grad}
     owned = set()  # ids of tensors whose gradient so far is backward()'s own array (an add's, a new_grads op's)
     order = _topological_order(root)

@@ -3,9 +3,10 @@
 A language model's head makes logits (N, V) that dwarf everything else in a step (16384 x 50304 bf16
 is 1.65 GB for gpt2_124m). Unfused, they are kept from the forward for the cross-entropy backward,
 which then writes a second (N, V) buffer. Here the forward does the backward's work while the
-logits exist: one kernel turns them, in place, into d(sum of losses)/dlogits, two matmuls turn that
-into dx and dweight, and the (N, V) buffer goes. The backward only scales dx and dweight by the
-loss's gradient. Peak memory: one (N, V) buffer; nothing of size N x V outlives the forward.
+logits exist: one kernel turns them, in place, into d(loss)/dlogits (the mean's 1 / rows kept
+applied there), two matmuls turn that into dx and dweight, and the (N, V) buffer goes. The backward
+only scales dx and dweight by the loss's gradient, and hands them over as they are where that is the
+1 of loss.backward(). Peak memory: one (N, V) buffer; nothing of size N x V outlives the forward.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ class LinearCrossEntropy(Function):
 
     fp8 (an engine.fp8.Fp8State, bf16 x only): the logits' GEMM in FP8 (x and weight in E4M3, scaled as
     F.linear's), and dx's on the gradient's E5M2 codes, which the cross-entropy kernel writes beside the
-    bf16 gradient with a fixed scale (|softmax - onehot| <= 1); dweight stays a bf16 GEMM."""
+    bf16 gradient with a fixed scale (|softmax - onehot| <= 1), so there the mean's 1 / rows kept waits
+    for the backward's scale; dweight stays a bf16 GEMM."""
 
     new_grads = True  # backward's dx and dweight are new arrays (a tied embedding adds to dweight in place)
 
@@ -39,12 +41,19 @@ class LinearCrossEntropy(Function):
         res = self._logits_fp8(fp8, x, weight, need_dx) if use_fp8 else None
         logits, w_t, w_inv = res if res is not None else (be.matmul(x, weight, transpose_b=True), None, None)  # (N, V)
         self.dx = self.dweight = None
+        # rows kept, counted on the device (no host sync); float32 (float64 for float64 inputs), as the loss
+        kept = None if reduction == "sum" else \
+            be.sum(be.astype(be.binary("ne", targets, ignore_index), be.dtype_of(logits)), (0,), False)
+        self.kept = self.mean_applied = None
         if need_dx or need_dweight:
             codes = None
             if w_t is not None:  # logits (N, V) -> dlogits in place, and its E5M2 codes (N, V)
                 losses, codes, codes_inv = be.cross_entropy_with_grad_fp8_(logits, targets, ignore_index)
-            else:
-                losses = be.cross_entropy_with_grad_(logits, targets, ignore_index)  # logits (N, V) -> dlogits
+            else:  # logits (N, V) -> dlogits in place, d(loss)/dlogits: divided by the rows kept for the mean
+                # (none kept: loss 0/0 = NaN as in PyTorch, but gradients 0, not 0 * inf)
+                self.mean_applied = kept is not None
+                inv = be.binary("div", 1.0, be.binary("maximum", kept, 1.0)) if kept is not None else None
+                losses = be.cross_entropy_with_grad_(logits, targets, ignore_index, inv)
             dlogits = logits
             if need_dx:  # (N, V) @ (V, C) -> (N, C)
                 dx = be.matmul_fp8(codes, "e5m2", codes_inv, w_t, "e4m3", w_inv) if codes is not None else None
@@ -56,12 +65,11 @@ class LinearCrossEntropy(Function):
             losses, _ = be.cross_entropy(logits, targets, ignore_index)  # (N,), lse (N,) unused
         del logits  # the (N, V) buffer goes back to the allocator here
         total = be.sum(losses, (0,), False)  # (N,) -> ()
-        if reduction == "sum":
-            self.kept = None
+        if kept is None:
             return total
-        # rows kept, counted on the device (no host sync); float32 (float64 for float64 inputs), as the loss
-        self.kept = be.sum(be.astype(be.binary("ne", targets, ignore_index), be.dtype_of(losses)), (0,), False)
-        return be.binary("div", total, self.kept)
+        if not self.mean_applied:
+            self.kept = kept
+        return be.binary("div", total, be.astype(kept, be.dtype_of(total)))
 
     def _logits_fp8(self, state, x, weight, need_dx):
         """(logits (N, V) bf16 through the FP8 GEMM, the E4M3 transposed weight (C, V) for dx or None, its
@@ -77,9 +85,12 @@ class LinearCrossEntropy(Function):
             return None
         return res[0], w_t, w_inv
 
-    def backward(self, g):
+    def backward(self, g, into=None):
         be = self.be
-        factor = g  # () d(loss)/d(sum of losses): g for "sum", g / rows kept for "mean"
+        if self.unit_grad_once and self.kept is None:  # g is loss.backward()'s 1: dx and dweight are final
+            dx, dweight, self.dx, self.dweight = self.dx, self.dweight, None, None
+            return dx, dweight, None
+        factor = g  # () the factor dx and dweight still need: g, or g / rows kept for an FP8 mean
         if self.kept is not None:  # no row kept: loss 0/0 = NaN as in PyTorch, but gradients 0, not 0 * inf
             factor = be.binary("div", g, be.binary("maximum", self.kept, 1.0))
         dx = be.scale(self.dx, factor) if self.dx is not None else None  # (N, C)

@@ -60,15 +60,19 @@ def _unfused(x, w, t, **kw):
 # 32776 and 50304, GPT-2's padded vocabulary, in bf16); shorter rows and longer ones (50304 float32,
 # 65536) take the two-pass kernel
 @pytest.mark.parametrize("V", [64, 67, 515, 4096, 4104, 8200, 24584, 32776, 50304, 65536])
-def test_kernel_matches_cpu(dtype, V):
-    """cross_entropy_with_grad_: losses, and the logits overwritten by softmax - onehot (0 on ignored rows)."""
+@pytest.mark.parametrize("grad_scale", [None, 1 / 7])
+def test_kernel_matches_cpu(dtype, V, grad_scale):
+    """cross_entropy_with_grad_: losses, and the logits overwritten by softmax - onehot (0 on ignored rows),
+    times grad_scale (the mean's 1 / rows kept, read on the device) where given."""
     _, _, t = _data(9, 1, V, ignored=(2,), ignore_index=-1)
     logits = (np.random.default_rng(1).standard_normal((9, V)) * 3).astype(np.float32)
     buf = gpu.astype(gpu.from_numpy(logits), dtype)
     ref = gpu.to_numpy(gpu.astype(buf, engine.float32))  # the values the kernel sees
-    losses = gpu.cross_entropy_with_grad_(buf, gpu.from_numpy(t), -1)
+    scale = None if grad_scale is None else np.array(grad_scale, np.float32)
+    losses = gpu.cross_entropy_with_grad_(buf, gpu.from_numpy(t), -1,
+                                          None if scale is None else gpu.from_numpy(scale))
     want_grad = ref.copy()
-    want_losses = cpu.cross_entropy_with_grad_(want_grad, t, -1)
+    want_losses = cpu.cross_entropy_with_grad_(want_grad, t, -1, scale)
     assert losses.dtype is engine.float32 and buf.dtype is dtype
     np.testing.assert_allclose(gpu.to_numpy(losses), want_losses, atol=1e-5, rtol=1e-4)
     got_grad = gpu.to_numpy(gpu.astype(buf, engine.float32))
@@ -252,3 +256,4 @@ def test_captured_step_matches_eager(autocast, V):
     np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-6)
     for a, b in zip(w0, w1):  # no atomics anywhere in the step: replays compute what eager steps do
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+

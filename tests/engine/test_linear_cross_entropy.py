@@ -51,6 +51,36 @@ def test_matches_unfused_linear_and_cross_entropy(reduction, upstream):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_loss_backward_hands_over_the_gradients(reduction, monkeypatch):
+    """loss.backward() straight on the fused loss (a gradient of exactly 1, once): dx and dweight are the
+    forward's arrays, handed over unscaled; with retain_graph, or with a gradient passed, copies are
+    scaled; each agrees with the unfused layers."""
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((N, C)), rng.standard_normal((V, C))
+    t = _targets()
+    want = _loss_and_grads(_unfused, x, w, t, reduction=reduction)
+    scales = []
+    from engine.backends import cpu
+    monkeypatch.setattr(cpu, "scale", lambda a, f, _scale=cpu.scale: scales.append(a.shape) or _scale(a, f))
+    for how in ("plain", "retain", "gradient"):
+        scales.clear()
+        xt, wt = (engine.tensor(a, dtype=engine.float32, requires_grad=True) for a in (x, w))
+        loss = _fused(xt, wt, t, reduction=reduction)
+        if how == "plain":
+            loss.backward()
+        elif how == "retain":  # twice: the first scales copies, the last hands over the arrays
+            loss.backward(retain_graph=True)
+            xt.grad = wt.grad = None
+            loss.backward()
+        else:
+            loss.backward(engine.tensor(np.float32(2.0)))
+        assert len(scales) == {"plain": 0, "retain": 2, "gradient": 2}[how], how
+        k = 2.0 if how == "gradient" else 1.0
+        np.testing.assert_allclose(xt.grad.numpy(), k * want[1], atol=1e-6, rtol=1e-5, err_msg=how)
+        np.testing.assert_allclose(wt.grad.numpy(), k * want[2], atol=1e-6, rtol=1e-5, err_msg=how)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_gradients_match_finite_differences(reduction):
     t = _targets(n=6, v=7, ignored=(2,), ignore_index=-1)
     check_finite_differences(lambda x, w: F.linear_cross_entropy(x, w, t, ignore_index=-1, reduction=reduction),

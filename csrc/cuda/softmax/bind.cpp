@@ -36,12 +36,13 @@ void bind_softmax(py::module_& m) {
     m.def(
         "cross_entropy_with_grad_dt",
         [](int device, int dtype, addr losses, addr logits, addr targets, int64_t N, int64_t V, int64_t ignore_index,
-           addr dlogits8) {
+           addr dlogits8, addr grad_scale) {
             cross_entropy_with_grad_dt(device, dtype, P<float>(losses), P(logits), P<const int64_t>(targets), N, V,
-                                       ignore_index, P(dlogits8));
+                                       ignore_index, P(dlogits8), P<const float>(grad_scale));
         },
         py::arg("device"), py::arg("dtype"), py::arg("losses"), py::arg("logits"), py::arg("targets"), py::arg("N"),
-        py::arg("V"), py::arg("ignore_index"), py::arg("dlogits8") = 0);  // 0: no FP8 copy
+        py::arg("V"), py::arg("ignore_index"), py::arg("dlogits8") = 0,  // 0: no FP8 copy
+        py::arg("grad_scale") = 0);                                       // 0: times 1
     m.attr("dlogits_fp8_scale") = kDlogitsFp8Scale;
     m.def("scale_dt", [](int device, int dtype, addr out, addr x, addr factor, int64_t n) {
         scale_dt(device, dtype, P(out), P(x), P<const float>(factor), n);

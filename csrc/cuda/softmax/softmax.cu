@@ -223,13 +223,14 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
 
 // The fused classifier's loss and gradient in one kernel (engine/ops/classifier.py):
 // logits (N, V), targets (N,) -> losses (N,) float32 (0 where ignored), and logits overwritten in place
-// by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows, which are not read).
+// by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows, which are not read),
+// times grad_scale[0] where given (a float32 on the device: the mean's 1 / rows kept).
 // Pass 1 reads the row for its logsumexp; pass 2 reads it again and writes the gradient over it.
 // The loss (lse - x[t]) comes from the thread that reads x[t] in pass 2, before it overwrites it.
 template <typename T, bool VEC>
 __global__ void cross_entropy_with_grad_kernel(float* __restrict__ losses, T* logits,
                                                const int64_t* __restrict__ targets, int64_t V, int64_t ignore_index,
-                                               uint8_t* __restrict__ dlogits8) {
+                                               uint8_t* __restrict__ dlogits8, const float* __restrict__ grad_scale) {
     int64_t row = blockIdx.x;
     T* xr = logits + row * V;
     uint8_t* d8 = dlogits8 != nullptr ? dlogits8 + row * V : nullptr;
@@ -244,7 +245,8 @@ __global__ void cross_entropy_with_grad_kernel(float* __restrict__ losses, T* lo
     float lse = ms.m + logf(ms.s);
     if (threadIdx.x == 0 && (t < 0 || t >= V)) losses[row] = NAN;  // out-of-range target: visible, no host sync
     float x_target;
-    if (write_softmax_minus_onehot<T, VEC>(xr, xr, t, lse, 1.f, V, x_target, d8)) losses[row] = lse - x_target;
+    const float gs = grad_scale != nullptr ? *grad_scale : 1.f;
+    if (write_softmax_minus_onehot<T, VEC>(xr, xr, t, lse, gs, V, x_target, d8)) losses[row] = lse - x_target;
 }
 
 // The same for long rows (a language model's vocabulary), each row read from memory once: a block an
@@ -264,7 +266,8 @@ constexpr int kStagedMinRowBytes = 64000;  // 32000 bf16 values
 template <typename T>
 __global__ void __launch_bounds__(kStagedThreads, 1)
     cross_entropy_with_grad_staged_kernel(float* __restrict__ losses, T* logits, const int64_t* __restrict__ targets,
-                                          int64_t N, int64_t V, int64_t ignore_index, uint8_t* dlogits8) {
+                                          int64_t N, int64_t V, int64_t ignore_index, uint8_t* dlogits8,
+                                          const float* __restrict__ grad_scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // bulk copies: Hopper on (the launcher checks)
     extern __shared__ __align__(128) unsigned char staged[];  // two rows of V T
     __shared__ __align__(8) uint64_t full[2];                 // buffer b holds its row
@@ -284,6 +287,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
         fetch(1, blockIdx.x + gridDim.x);
     }
     __syncthreads();
+    const float gs = grad_scale != nullptr ? *grad_scale : 1.f;
     int it = 0;
     for (int64_t row = blockIdx.x; row < N; row += gridDim.x, ++it) {
         const int b = it & 1;
@@ -300,7 +304,7 @@ __global__ void __launch_bounds__(kStagedThreads, 1)
             const float lse = ms.m + logf(ms.s);
             if (threadIdx.x == 0 && (t < 0 || t >= V)) losses[row] = NAN;  // visible, no host sync
             float x_target;
-            if (write_softmax_minus_onehot<T, true>(out, x, t, lse, 1.f, V, x_target, d8)) losses[row] = lse - x_target;
+            if (write_softmax_minus_onehot<T, true>(out, x, t, lse, gs, V, x_target, d8)) losses[row] = lse - x_target;
         }
         __syncthreads();  // every thread done with buffer b: it takes the row after next
         if (threadIdx.x == 0) {
@@ -389,7 +393,7 @@ int max_shared_per_block(int device) {
 
 template <typename T>
 void ce_with_grad(int device, float* losses, T* logits, const int64_t* targets, int64_t N, int64_t V,
-                  int64_t ignore_index, uint8_t* dlogits8) {
+                  int64_t ignore_index, uint8_t* dlogits8, const float* grad_scale) {
     if (N == 0) return;
     use_device(device);
     cudaStream_t st = stream(device);
@@ -401,13 +405,16 @@ void ce_with_grad(int device, float* losses, T* logits, const int64_t* targets, 
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
               "cross_entropy_with_grad_");
         const unsigned blocks = (unsigned)std::min<int64_t>(N, sm_count(device));
-        kernel<<<blocks, kStagedThreads, (size_t)smem, st>>>(losses, logits, targets, N, V, ignore_index, dlogits8);
+        kernel<<<blocks, kStagedThreads, (size_t)smem, st>>>(losses, logits, targets, N, V, ignore_index, dlogits8,
+                                                             grad_scale);
     } else if (vec)
         cross_entropy_with_grad_kernel<T, true><<<(unsigned)N, threads_for(V), 0, st>>>(losses, logits, targets, V,
-                                                                                       ignore_index, dlogits8);
+                                                                                       ignore_index, dlogits8,
+                                                                                       grad_scale);
     else
         cross_entropy_with_grad_kernel<T, false><<<(unsigned)N, threads_for(V), 0, st>>>(losses, logits, targets, V,
-                                                                                        ignore_index, dlogits8);
+                                                                                        ignore_index, dlogits8,
+                                                                                        grad_scale);
     check_launch("cross_entropy_with_grad_");
 }
 
@@ -466,13 +473,16 @@ void cross_entropy_backward_dt(int device, int dtype, void* dlogits, const void*
 }
 
 void cross_entropy_with_grad_dt(int device, int dtype, float* losses, void* logits, const int64_t* targets, int64_t N,
-                                int64_t V, int64_t ignore_index, void* dlogits8) {
+                                int64_t V, int64_t ignore_index, void* dlogits8, const float* grad_scale) {
     if (dlogits8 != nullptr && dtype != BF16)
         throw std::runtime_error("engine op 'cross_entropy_with_grad_': the FP8 copy needs bfloat16 logits");
-    if (dtype == F32) return ce_with_grad<float>(device, losses, (float*)logits, targets, N, V, ignore_index, nullptr);
+    if (dlogits8 != nullptr && grad_scale != nullptr)  // the codes' fixed scale assumes |softmax - onehot| <= 1 as is
+        throw std::runtime_error("engine op 'cross_entropy_with_grad_': the FP8 copy takes no gradient scale");
+    if (dtype == F32)
+        return ce_with_grad<float>(device, losses, (float*)logits, targets, N, V, ignore_index, nullptr, grad_scale);
     if (dtype != BF16) unsupported("cross_entropy_with_grad_", dtype);
     ce_with_grad<__nv_bfloat16>(device, losses, (__nv_bfloat16*)logits, targets, N, V, ignore_index,
-                                (uint8_t*)dlogits8);
+                                (uint8_t*)dlogits8, grad_scale);
 }
 
 void scale_dt(int device, int dtype, void* out, const void* x, const float* factor, int64_t n) {

@@ -30,10 +30,12 @@ void cross_entropy_backward_dt(int device, int dtype, void* dlogits, const void*
 // target out of range). And its backward's scale: out (n,) = x (n,) * factor[0] (a float32 on the
 // device), float32 arithmetic, F32 or BF16 storage; out may be x. With dlogits8 (N, V) (bf16 logits
 // only), the gradient's E5M2 codes too, scaled by kDlogitsFp8Scale: |softmax - onehot| <= 1, so a
-// fixed scale fits them (no amax), 2^15 below E5M2's largest value, 2^-31 its smallest.
+// fixed scale fits them (no amax), 2^15 below E5M2's largest value, 2^-31 its smallest. With
+// grad_scale (a float32 on the device; not with dlogits8), the gradient is times grad_scale[0].
 constexpr float kDlogitsFp8Scale = 32768.f;
 void cross_entropy_with_grad_dt(int device, int dtype, float* losses, void* logits, const int64_t* targets, int64_t N,
-                                int64_t V, int64_t ignore_index, void* dlogits8 = nullptr);
+                                int64_t V, int64_t ignore_index, void* dlogits8 = nullptr,
+                                const float* grad_scale = nullptr);
 void scale_dt(int device, int dtype, void* out, const void* x, const float* factor, int64_t n);
 
 }  // namespace engine

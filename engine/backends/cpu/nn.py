@@ -134,16 +134,27 @@ def cross_entropy_backward(logits: Array, targets: Array, lse: Array, grad: Arra
     return dlogits
 
 
-def cross_entropy_with_grad_(logits: Array, targets: Array, ignore_index: int) -> Array:
+def cross_entropy_with_grad_(logits: Array, targets: Array, ignore_index: int,
+                             grad_scale: Array | None = None) -> Array:
     """logits (N, V), targets (N,) int64 -> losses (N,) (0 where ignored); the logits are overwritten in
-    place by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows). The fused
-    classifier's step: its (N, V) buffer holds the logits, then their gradient, never both. bf16
-    logits: computed in float32, the gradient rounded into the bf16 buffer; the losses float32."""
+    place by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows), times grad_scale
+    (a 0-d array) where given. The fused classifier's step: its (N, V) buffer holds the logits,
+    then their gradient, never both. bf16 logits: computed in float32, the gradient rounded into the
+    bf16 buffer; the losses float32."""
     if any_bf16(logits):
         wide = widen(logits)
-        losses = cross_entropy_with_grad_(wide, targets, ignore_index)
+        losses = cross_entropy_with_grad_(wide, targets, ignore_index, grad_scale)
         np.copyto(logits, wide, casting="same_kind")
         return losses
+    losses, lse = cross_entropy(logits, targets, ignore_index)
+    valid = targets != ignore_index
+    logits -= lse[:, None]
+    np.exp(logits, out=logits)
+    logits[np.flatnonzero(valid), targets[valid]] -= 1.0
+    logits[~valid] = 0.0
+    if grad_scale is not None:
+        logits *= np.asarray(grad_scale).astype(logits.dtype)
+    return losses
     losses, lse = cross_entropy(logits, targets, ignore_index)
     valid = targets != ignore_index
     logits -= lse[:, None]

@@ -149,19 +149,25 @@ def cross_entropy_backward(logits: CudaArray, targets: CudaArray, lse: CudaArray
     return d
 
 
-def cross_entropy_with_grad_(logits: CudaArray, targets: CudaArray, ignore_index: int) -> CudaArray:
+def cross_entropy_with_grad_(logits: CudaArray, targets: CudaArray, ignore_index: int,
+                             grad_scale: CudaArray | None = None) -> CudaArray:
     """logits (N, V), targets (N,) int64 -> losses (N,) float32 (0 where ignored); the logits are
-    overwritten in place by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows).
-    One kernel (the fused classifier's). An out-of-range target gives a NaN loss."""
+    overwritten in place by softmax - onehot(target), the gradient of sum(losses) (0 on ignored rows),
+    times grad_scale (a 0-d float32 array on the device, read there: no host sync) where given. One
+    kernel (the fused classifier's). An out-of-range target gives a NaN loss."""
     if logits.dtype not in (float32, bfloat16):
         raise TypeError(f"cuda backend: cross_entropy_with_grad_ supports float32 and bfloat16 logits, "
                         f"got {logits.dtype.name}")
     if targets.dtype is not int64:
         targets = astype(targets, int64)
+    if grad_scale is not None:
+        _same_device("cross_entropy_with_grad_", logits, grad_scale)
+        if grad_scale.dtype is not float32:
+            grad_scale = astype(grad_scale, float32)
     N, V = logits.shape
     losses = _empty((N,), float32, logits.device)
     native.cross_entropy_with_grad_dt(logits.device, _CODE[logits.dtype], losses.ptr, logits.ptr, targets.ptr, N, V,
-                                  int(ignore_index))
+                                      int(ignore_index), 0, grad_scale.ptr if grad_scale is not None else 0)
     return losses
 
 
