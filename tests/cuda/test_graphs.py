@@ -219,3 +219,72 @@ def test_host_copy_inside_capture_is_refused_with_a_message():
     with pytest.warns(GraphCaptureWarning, match="host-to-device copy"):
         out = step(x)
     np.testing.assert_array_equal(out.numpy(), np.ones(4, np.float32))
+
+
+def _captured(fn):
+    """fn() recorded into a CUDA graph of device 0 (the backend's own capture), not yet replayed."""
+    from engine.backends.cuda.capture import cuda_graph, graph_pool
+    graph = cuda_graph(0, graph_pool(0))
+    graph.begin()
+    try:
+        out = fn()
+    except BaseException:
+        graph.abort()
+        raise
+    graph.end()
+    return graph, out
+
+
+def test_memset_nodes_run_as_kernel_nodes():
+    """A memset captured on the stream (cuBLASLt queues one before each Hopper coop GEMM) is replaced by
+    a kernel node (CudaGraph.memsets_replaced) that sets the same bytes, in order with the kernels
+    around it: 32-bit, 16-bit rows with a pitch, and 8-bit, issued through the driver API."""
+    import ctypes
+
+    from engine._native import native
+    from engine.backends import cuda as gpu
+    cu = ctypes.CDLL("libcuda.so.1")
+    stream = ctypes.c_void_p(native.stream_handle(0))
+    base = np.arange(4096, dtype=np.float32)
+    x = gpu.from_numpy(base)
+
+    def record():
+        y = gpu.binary("add", x, x)  # before the memsets: reads x as it was
+        assert cu.cuMemsetD32Async(ctypes.c_uint64(x.ptr + 4 * 100), ctypes.c_uint(0x3F800000), ctypes.c_size_t(500),
+                                   stream) == 0  # x[100:600] = 1.0
+        # rows 8..11 of x as (., 256) float32: their first 64 halves (32 floats) set to 0x4000 each
+        assert cu.cuMemsetD2D16Async(ctypes.c_uint64(x.ptr + 4 * 256 * 8), ctypes.c_size_t(4 * 256),
+                                     ctypes.c_ushort(0x4000), ctypes.c_size_t(64), ctypes.c_size_t(4), stream) == 0
+        assert cu.cuMemsetD8Async(ctypes.c_uint64(x.ptr + 4 * 4000), ctypes.c_ubyte(0), ctypes.c_size_t(40),
+                                  stream) == 0  # x[4000:4010] = 0
+        z = gpu.binary("add", x, x)  # after them: reads what they set
+        return y, z
+
+    graph, (y, z) = _captured(record)
+    assert graph.memsets_replaced == 3
+    native.copy_device(x.ptr, gpu.from_numpy(base).ptr, base.nbytes, 0)  # capture ran nothing: x as before
+    graph.replay()
+    want = base.copy()
+    want[100:600] = 1.0
+    rows = want.reshape(-1, 256)
+    rows[8:12, :32] = np.frombuffer(np.full(64, 0x4000, np.uint16).tobytes(), np.float32)
+    want[4000:4010] = 0.0
+    np.testing.assert_array_equal(gpu.to_numpy(x), want)
+    np.testing.assert_array_equal(gpu.to_numpy(y), 2 * base)
+    np.testing.assert_array_equal(gpu.to_numpy(z), 2 * want)
+
+
+def test_captured_gemms_match_eager_with_their_memsets_as_kernels():
+    """GPT-2's projection shapes in bf16 (on Hopper cuBLASLt's coop kernels, each after a workspace
+    memset): the replay's products are the eager ones, bit for bit."""
+    from engine.backends import cuda as gpu
+    rng = np.random.default_rng(0)
+    shapes = [(4096, 768, 2304), (4096, 3072, 768), (4096, 768, 3072)]
+    ins = [(gpu.astype(gpu.from_numpy(rng.standard_normal((m, k)).astype(np.float32)), engine.bfloat16),
+            gpu.astype(gpu.from_numpy(rng.standard_normal((n, k)).astype(np.float32)), engine.bfloat16))
+           for m, k, n in shapes]
+    eager = [gpu.to_numpy(gpu.astype(gpu.matmul(a, b, transpose_b=True), engine.float32)) for a, b in ins]
+    graph, outs = _captured(lambda: [gpu.matmul(a, b, transpose_b=True) for a, b in ins])
+    graph.replay()
+    for got, want in zip(outs, eager):
+        np.testing.assert_array_equal(gpu.to_numpy(gpu.astype(got, engine.float32)), want)

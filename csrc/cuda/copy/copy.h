@@ -3,6 +3,8 @@
 // fill.cu: fill and arange. bind.cpp: the Python bindings. Launchers take device pointers, sizes and the
 // device index; work is queued on the device's one stream and never waited for.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -23,6 +25,17 @@ void astype_f32_bf16_many(int device, const std::vector<const float*>& src, cons
 
 // fill.cu
 void fill(int device, int dtype, void* out, double value, int64_t n);
+// A memset node of a captured graph as the parameters of a kernel node that does the same
+// (runtime/graph.cpp): `params` points into this object, which must outlive cudaGraphAddKernelNode.
+struct MemsetKernel {
+    explicit MemsetKernel(const cudaMemsetParams& m);
+    char* dst;
+    size_t pitch;
+    unsigned value, elsize;
+    size_t width, height;
+    void* args[6];
+    cudaKernelNodeParams params;
+};
 void arange(int device, int dtype, void* out, double start, double step, int64_t n);
 
 }  // namespace engine

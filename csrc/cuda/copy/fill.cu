@@ -1,5 +1,7 @@
 // fill and arange: out (n,) = value | start + step * i, for every dtype (fill: 4 floats per thread
 // where aligned).
+#include <algorithm>
+
 #include "copy/copy.h"
 #include "runtime/common.cuh"
 #include "runtime/vec.cuh"
@@ -21,7 +23,34 @@ __global__ void arange_kernel(T* __restrict__ out, double start, double step, in
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = (T)(start + step * (double)i);
 }
 
+// a graph's memset node as a kernel: `height` rows `pitch` bytes apart, each `width` elements of
+// `elsize` bytes (1, 2 or 4) set to the low bytes of `value`
+__global__ void memset_rows_kernel(char* __restrict__ dst, size_t pitch, unsigned value, unsigned elsize, size_t width,
+                                   size_t height) {
+    const size_t n = width * height, stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        char* p = dst + (i / width) * pitch + (i % width) * elsize;
+        if (elsize == 4)
+            *reinterpret_cast<unsigned*>(p) = value;
+        else if (elsize == 2)
+            *reinterpret_cast<unsigned short*>(p) = (unsigned short)value;
+        else
+            *p = (char)value;
+    }
+}
+
 }  // namespace
+
+MemsetKernel::MemsetKernel(const cudaMemsetParams& m)
+    : dst((char*)m.dst), pitch(m.height > 1 ? m.pitch : 0), value(m.value), elsize(m.elementSize), width(m.width),
+      height(m.height), args{&dst, &pitch, &value, &elsize, &width, &height} {
+    params.func = (void*)memset_rows_kernel;
+    params.blockDim = dim3(kThreads);
+    params.gridDim = dim3(std::max(1u, blocks_for((int64_t)(width * height), kThreads)));
+    params.sharedMemBytes = 0;
+    params.kernelParams = args;
+    params.extra = nullptr;
+}
 
 void fill(int device, int dtype, void* out, double v, int64_t n) {
     if (n == 0) return;

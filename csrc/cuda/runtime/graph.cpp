@@ -5,8 +5,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdlib>
 #include <string>
+#include <vector>
 
+#include "copy/copy.h"      // MemsetKernel
 #include "random/random.h"  // rng_epoch_advance, the first node of a capture
 
 namespace py = pybind11;
@@ -29,6 +32,39 @@ uint64_t* epoch_buffer(int device) {
 }
 
 std::string where(int device) { return "cuda:" + std::to_string(device); }
+
+// Every memset node of g replaced by a kernel node that sets the same bytes, with the same edges.
+// cuBLASLt queues a memset of its workspace before each Hopper "coop" GEMM; in a replay the GPU idles
+// about 4 us around each memset node (the switch between node kinds), where kernel follows kernel
+// with none. Returns how many were replaced.
+std::size_t memsets_as_kernels(cudaGraph_t g) {
+    std::size_t n = 0;
+    check(cudaGraphGetNodes(g, nullptr, &n), "graph nodes");
+    std::vector<cudaGraphNode_t> nodes(n);
+    check(cudaGraphGetNodes(g, nodes.data(), &n), "graph nodes");
+    std::size_t replaced = 0;
+    for (cudaGraphNode_t node : nodes) {
+        cudaGraphNodeType type;
+        check(cudaGraphNodeGetType(node, &type), "graph node type");
+        if (type != cudaGraphNodeTypeMemset) continue;
+        cudaMemsetParams m;
+        check(cudaGraphMemsetNodeGetParams(node, &m), "graph memset node");
+        std::size_t nd = 0, nt = 0;
+        check(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &nd), "graph node edges");
+        check(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &nt), "graph node edges");
+        std::vector<cudaGraphNode_t> before(nd), after(nt);
+        check(cudaGraphNodeGetDependencies(node, before.data(), nullptr, &nd), "graph node edges");
+        check(cudaGraphNodeGetDependentNodes(node, after.data(), nullptr, &nt), "graph node edges");
+        MemsetKernel k(m);
+        cudaGraphNode_t kernel = nullptr;
+        check(cudaGraphAddKernelNode(&kernel, g, before.data(), nd, &k.params), "graph memset as kernel");
+        check(cudaGraphDestroyNode(node), "graph memset as kernel");
+        for (cudaGraphNode_t next : after)
+            check(cudaGraphAddDependencies(g, &kernel, &next, nullptr, 1), "graph memset as kernel");
+        ++replaced;
+    }
+    return replaced;
+}
 
 }  // namespace
 
@@ -98,6 +134,8 @@ void CudaGraph::end() {
     if (!capturing_) throw std::runtime_error("CudaGraph.end: no capture under way (call begin() first)");
     use_device(device_);
     finish_capture(&graph_);
+    const char* keep = std::getenv("ENGINE_GRAPH_MEMSETS");  // "keep": cuBLASLt's memset nodes as captured
+    if (keep == nullptr || std::string(keep) != "keep") memsets_ = memsets_as_kernels(graph_);
     check(cudaGraphInstantiate(&exec_, graph_, 0), "graph instantiate");
     check(cudaGraphUpload(exec_, stream(device_)), "graph upload");
     pool_claim_live(pool_->id);
@@ -152,6 +190,7 @@ void bind_graphs(py::module_& m) {
         // other threads (a worker's upload and download beside its inner steps) must run meanwhile
         .def("replay", &CudaGraph::replay, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("num_nodes", &CudaGraph::num_nodes)
+        .def_property_readonly("memsets_replaced", &CudaGraph::memsets_replaced)
         .def_property_readonly("ready", &CudaGraph::ready)
         .def_property_readonly("device", &CudaGraph::device);
 

@@ -40,6 +40,7 @@ class CudaGraph {
     void abort();   // a capture that failed: stop capturing, drop what was recorded
     void replay();  // one launch of the whole graph on the stream
     std::size_t num_nodes() const;
+    std::size_t memsets_replaced() const { return memsets_; }  // memset nodes run as kernel nodes (end())
     bool ready() const { return exec_ != nullptr; }
     int device() const { return device_; }
 
@@ -50,6 +51,7 @@ class CudaGraph {
     cudaGraph_t graph_ = nullptr;
     cudaGraphExec_t exec_ = nullptr;
     bool capturing_ = false;
+    std::size_t memsets_ = 0;
 };
 
 // The random epoch of `device` while its stream is being captured, else nullptr. Random kernels
