@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..autocast import weight_cast
 from ..autograd import Function
-from ..dtypes import bfloat16
+from ..dtypes import bfloat16, float32, float64
 
 
 class LinearCrossEntropy(Function):
@@ -41,9 +41,11 @@ class LinearCrossEntropy(Function):
         res = self._logits_fp8(fp8, x, weight, need_dx) if use_fp8 else None
         logits, w_t, w_inv = res if res is not None else (be.matmul(x, weight, transpose_b=True), None, None)  # (N, V)
         self.dx = self.dweight = None
-        # rows kept, counted on the device (no host sync); float32 (float64 for float64 inputs), as the loss
+        # rows kept, counted on the device (no host sync); float32 (float64 for float64 inputs) as the loss,
+        # never bf16 (whose 8 bits would round a count past 256)
+        count_dtype = float64 if be.dtype_of(logits) is float64 else float32
         kept = None if reduction == "sum" else \
-            be.sum(be.astype(be.binary("ne", targets, ignore_index), be.dtype_of(logits)), (0,), False)
+            be.sum(be.astype(be.binary("ne", targets, ignore_index), count_dtype), (0,), False)
         self.kept = self.mean_applied = None
         if need_dx or need_dweight:
             codes = None
@@ -69,7 +71,7 @@ class LinearCrossEntropy(Function):
             return total
         if not self.mean_applied:
             self.kept = kept
-        return be.binary("div", total, be.astype(kept, be.dtype_of(total)))
+        return be.binary("div", total, kept)
 
     def _logits_fp8(self, state, x, weight, need_dx):
         """(logits (N, V) bf16 through the FP8 GEMM, the E4M3 transposed weight (C, V) for dx or None, its

@@ -179,3 +179,23 @@ def test_gpt_forward_fused_and_with_logits_agree():
         np.testing.assert_allclose(fused_grads[name], g, atol=1e-7, rtol=1e-5, err_msg=name)
     logits, loss = model(x)
     assert loss is None and logits.shape == (3, 16, cfg.vocab_size)
+
+
+
+def test_mean_under_bf16_autocast_counts_rows_exactly():
+    """257 rows kept (bf16 would round the count to 256 or 258): the mean loss and its gradient under
+    autocast are the sum's divided by 257 exactly."""
+    rng = np.random.default_rng(9)
+    n = 258
+    x, w = rng.standard_normal((n, C)).astype(np.float32), rng.standard_normal((V, C)).astype(np.float32)
+    t = _targets(n=n, ignored=(7,))
+    results = {}
+    for reduction in ("mean", "sum"):
+        xt = engine.tensor(x, requires_grad=True)
+        with engine.autocast("cpu", dtype=engine.bfloat16):
+            loss = _fused(xt, engine.tensor(w), t, reduction=reduction)
+        loss.backward()
+        results[reduction] = loss.item(), xt.grad.float().numpy()
+    np.testing.assert_allclose(results["mean"][0], results["sum"][0] / 257, rtol=1e-6)
+    g_mean, g_sum = results["mean"][1], results["sum"][1]  # bf16 products: their ratio, fitted over all
+    np.testing.assert_allclose(np.sum(g_mean * g_sum) / np.sum(g_sum * g_sum), 1 / 257, rtol=1e-3)
