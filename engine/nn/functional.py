@@ -205,15 +205,20 @@ def embedding(idx: Tensor, weight: Tensor) -> Tensor:
     """idx (...) int64 into weight (V, C) -> (..., C)."""
     if idx.dtype != dtypes.int64:
         raise TypeError(f"embedding: indices must be int64, got {idx.dtype}")
-    if idx.device.type == "cpu" and idx.numel():
-        i = idx.numpy()
-        lo, hi = int(i.min()), int(i.max())
-        if lo < 0 or hi >= weight.shape[0]:
-            raise IndexError(f"embedding: index {hi if hi >= weight.shape[0] else lo} is out of range for "
-                             f"{weight.shape[0]} embeddings (valid: 0..{weight.shape[0] - 1})")
+    _check_indices("embedding", idx, weight.shape[0])
     out = N.Embedding.apply(weight, idx)
     dt = _autocast_dtype(out)
     return out.type(dt) if dt is not None else out
+
+
+def _check_indices(op: str, idx: Tensor, num: int) -> None:
+    """An index outside 0..num-1 raises here for CPU indices (on the GPU it gives a NaN row: no host sync)."""
+    if idx.device.type == "cpu" and idx.numel():
+        i = idx.numpy()
+        lo, hi = int(i.min()), int(i.max())
+        if lo < 0 or hi >= num:
+            raise IndexError(f"{op}: index {hi if hi >= num else lo} is out of range for {num} embeddings "
+                             f"(valid: 0..{num - 1})")
 
 
 def embedding_with_positions(idx: Tensor, weight: Tensor, pos_weight: Tensor, start: int = 0) -> Tensor:
@@ -230,12 +235,7 @@ def embedding_with_positions(idx: Tensor, weight: Tensor, pos_weight: Tensor, st
     if start < 0 or start + T > pos_weight.shape[0]:
         raise ValueError(f"embedding_with_positions: positions {start}..{start + T - 1} are out of range for "
                          f"{pos_weight.shape[0]} positions")
-    if idx.device.type == "cpu" and idx.numel():
-        i = idx.numpy()
-        lo, hi = int(i.min()), int(i.max())
-        if lo < 0 or hi >= weight.shape[0]:
-            raise IndexError(f"embedding_with_positions: index {hi if hi >= weight.shape[0] else lo} is out of "
-                             f"range for {weight.shape[0]} embeddings (valid: 0..{weight.shape[0] - 1})")
+    _check_indices("embedding_with_positions", idx, weight.shape[0])
     dt = _autocast_dtype(weight)
     return N.EmbeddingPositions.apply(weight, pos_weight, idx, start=int(start), out_dtype=dt)
 

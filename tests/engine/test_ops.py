@@ -200,6 +200,18 @@ def test_embedding_scatter_add_backward():
         check_against_torch(lambda w: F.embedding(idx, w), lambda w: TF.embedding(tidx, w), [(4, 3)])
 
 
+def test_embedding_indices_out_of_range_are_named():
+    w, p = engine.zeros(4, 3), engine.zeros(6, 3)
+    for bad, named in (([[0, 4]], "index 4"), ([[-1, 2]], "index -1")):
+        idx = engine.tensor(bad)
+        with pytest.raises(IndexError, match=f"embedding: {named} is out of range for 4 embeddings"):
+            F.embedding(idx, w)
+        with pytest.raises(IndexError, match=f"embedding_with_positions: {named} is out of range"):
+            F.embedding_with_positions(idx, w, p)
+    with pytest.raises(ValueError, match="positions 5..6 are out of range for 6 positions"):
+        F.embedding_with_positions(engine.tensor([[0, 1]]), w, p, start=5)
+
+
 def test_dropout_inverted_and_seeded():
     x = engine.ones(200, 100, requires_grad=True)
     engine.manual_seed(7)

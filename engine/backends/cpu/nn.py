@@ -155,13 +155,6 @@ def cross_entropy_with_grad_(logits: Array, targets: Array, ignore_index: int,
     if grad_scale is not None:
         logits *= np.asarray(grad_scale).astype(logits.dtype)
     return losses
-    losses, lse = cross_entropy(logits, targets, ignore_index)
-    valid = targets != ignore_index
-    logits -= lse[:, None]
-    np.exp(logits, out=logits)
-    logits[np.flatnonzero(valid), targets[valid]] -= 1.0
-    logits[~valid] = 0.0
-    return losses
 
 
 def embedding(weight: Array, idx: Array) -> Array:
