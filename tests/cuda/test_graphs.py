@@ -274,9 +274,10 @@ def test_memset_nodes_run_as_kernel_nodes():
     np.testing.assert_array_equal(gpu.to_numpy(z), 2 * want)
 
 
-def test_captured_gemms_match_eager_with_their_memsets_as_kernels():
-    """GPT-2's projection shapes in bf16 (on Hopper cuBLASLt's coop kernels, each after a workspace
-    memset): the replay's products are the eager ones, bit for bit."""
+def test_captured_gemms_replay_bit_for_bit():
+    """GPT-2's projection shapes in bf16: the replay's products are the eager ones, bit for bit (on
+    Hopper cuBLASLt picks coop kernels here, each after a workspace memset, which the graph runs as a
+    kernel node)."""
     from engine.backends import cuda as gpu
     rng = np.random.default_rng(0)
     shapes = [(4096, 768, 2304), (4096, 3072, 768), (4096, 768, 3072)]
