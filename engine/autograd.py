@@ -175,8 +175,10 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 continue
             elif node._retains_grad:
                 node._accumulate_grad(g)
-            into = {i: grads[id(ctx.parents[i])] for i in ctx.grad_into
-                    if ctx.needs_input_grad[i] and id(ctx.parents[i]) in owned}
+            into = None
+            if ctx.grad_into:  # (most ops have none: no dict a node)
+                into = {i: grads[id(ctx.parents[i])] for i in ctx.grad_into
+                        if ctx.needs_input_grad[i] and id(ctx.parents[i]) in owned}
             parent_grads = ctx.backward(g, into=into) if into else ctx.backward(g)
             if not isinstance(parent_grads, tuple):
                 parent_grads = (parent_grads,)
@@ -191,7 +193,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                     grads[id(parent)] = pg
                     if ctx.new_grads:
                         owned.add(id(parent))
-                elif i in into and pg is into[i]:
+                elif into and i in into and pg is into[i]:
                     into.pop(i)  # added in place; a second use of the same tensor by this op adds as usual
                 else:
                     grads[id(parent)] = ctx.be.binary("add", prev, pg)
