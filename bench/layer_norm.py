@@ -9,7 +9,10 @@ line is the backward alone, and `torch_plus_add` adds the separate add a step wo
 `us_residual_bias` is the engine's op as a GPT step calls it since the projections' biases moved
 into it: the residual add's gradient and the column sums of the result (the attention or MLP
 projection's bias gradient) in the same kernel; `us_bias_grad_pass` is the Linear layer's own
-column-sum pass over the same gradient that this replaces.
+column-sum pass over the same gradient that this replaces. `tbps` beside each of the engine's backward
+times is the DRAM traffic it needs at the least (bf16 rows of dout and x read, dx written, the
+residual's gradient read where there is one; the row statistics) over its time, in TB/s: against the
+GPU's bandwidth (H100 3.35, H200 4.8), how far the kernel is from bound by the memory.
 
     python bench/layer_norm.py            # one JSON line per (shape, implementation): us per call
 """
@@ -49,6 +52,21 @@ def bench_engine(N: int, C: int, calls: int) -> dict:
             "us_bias_grad_pass": timed(lambda: _bias_grad(res, None, engine.float32), engine.cuda.synchronize, calls)}
 
 
+# the bf16 (N, C) arrays each engine line moves at the least: dout, x, dx, and the residual's gradient
+ROWS_MOVED = {"us": 3, "us_residual": 4, "us_residual_bias": 4}
+
+
+def with_bandwidth(us: dict, N: int, C: int) -> dict:
+    """us (key: microseconds a call) with `tbps_<key>` beside each backward: its least traffic over its time."""
+    out = {}
+    for key, t in us.items():
+        out[key] = round(t, 1)
+        if key in ROWS_MOVED:
+            least = ROWS_MOVED[key] * N * C * 2 + 2 * N * 4  # + the float32 mean and rstd a row
+            out["tbps" + key[2:]] = round(least / (t * 1e-6) / 1e12, 2)
+    return out
+
+
 def bench_torch(N: int, C: int, calls: int) -> dict:
     import torch
 
@@ -72,7 +90,7 @@ def main() -> None:
     args = ap.parse_args()
     for name, (N, C) in SHAPES.items():
         print(json.dumps({"bench": "layer_norm_backward", "config": name, "N": N, "C": C, "impl": "engine",
-                          **{k: round(v, 1) for k, v in bench_engine(N, C, args.calls).items()}}), flush=True)
+                          **with_bandwidth(bench_engine(N, C, args.calls), N, C)}), flush=True)
         if not args.no_torch:
             out = bench_torch(N, C, args.calls)
             print(json.dumps({"bench": "layer_norm_backward", "config": name, "N": N, "C": C, "impl": "torch",

@@ -187,16 +187,9 @@ def embedding_backward(grad: CudaArray, idx: CudaArray, num_embeddings: int,
     """grad (..., C) float32 or bf16 -> dweight (V, C) float32, rows scatter-added; into: a gradient to add
     the rows to in place instead and return (no zeroed buffer, no add after), where it is float32 (V, C)
     (else a new one is made, and the caller adds)."""
-    if grad.dtype not in (float32, bfloat16):
-        raise TypeError(f"cuda backend: embedding_backward supports float32 and bfloat16 gradients, "
-                        f"got {grad.dtype.name}")
-    if idx.dtype is not int64:
-        idx = astype(idx, int64)
-    C = grad.shape[-1]
-    into = into if _fits(into, num_embeddings, C) else None
-    out = into if into is not None else _empty((num_embeddings, C), float32, grad.device)
-    native.embedding_backward(grad.device, _CODE[grad.dtype], out.ptr, grad.ptr, idx.ptr, idx.size, num_embeddings, C,
-                              into is not None)
+    idx, out, added = _rows_target("embedding_backward", grad, idx, num_embeddings, into)
+    native.embedding_backward(grad.device, _CODE[grad.dtype], out.ptr, grad.ptr, idx.ptr, idx.size, num_embeddings,
+                              grad.shape[-1], added)
     return out
 
 
@@ -224,20 +217,24 @@ def embedding_positions_backward(grad: CudaArray, idx: CudaArray, num_embeddings
     """grad (B, T, C) float32 or bf16 -> dweight (V, C) (rows scatter-added; into: a gradient to add them
     to in place, as embedding_backward's), dpos (P, C) (the batch's sum in rows start..start+T-1, zeros
     elsewhere); float32, read from a bf16 grad without a cast."""
-    if grad.dtype not in (float32, bfloat16):
-        raise TypeError(f"cuda backend: embedding_positions_backward supports float32 and bfloat16 gradients, "
-                        f"got {grad.dtype.name}")
-    if idx.dtype is not int64:
-        idx = astype(idx, int64)
+    idx, dweight, added = _rows_target("embedding_positions_backward", grad, idx, num_embeddings, into)
     (B, T), C = idx.shape, grad.shape[-1]
-    into = into if _fits(into, num_embeddings, C) else None
-    dweight = into if into is not None else _empty((num_embeddings, C), float32, grad.device)
     dpos = _empty((num_positions, C), float32, grad.device)
     native.embedding_positions_backward(grad.device, _CODE[grad.dtype], dweight.ptr, dpos.ptr, grad.ptr, idx.ptr,
-                                        B * T, num_embeddings, num_positions, C, T, int(start), into is not None)
+                                        B * T, num_embeddings, num_positions, C, T, int(start), added)
     return dweight, dpos
 
 
-def _fits(into: CudaArray | None, V: int, C: int) -> bool:
-    """Whether an embedding backward can add its rows into `into`: a float32 (V, C) array."""
-    return into is not None and into.dtype is float32 and into.shape == (V, C)
+def _rows_target(op: str, grad: CudaArray, idx: CudaArray, V: int,
+                 into: CudaArray | None) -> tuple[CudaArray, CudaArray, bool]:
+    """What both embedding backwards check and make: idx as int64, the float32 (V, C) gradient the rows
+    are added to (`into` where it is one, else a new one, which the native call zeroes first), and whether
+    it is `into`."""
+    if grad.dtype not in (float32, bfloat16):
+        raise TypeError(f"cuda backend: {op} supports float32 and bfloat16 gradients, got {grad.dtype.name}")
+    if idx.dtype is not int64:
+        idx = astype(idx, int64)
+    C = grad.shape[-1]
+    if into is not None and into.dtype is float32 and into.shape == (V, C):
+        return idx, into, True
+    return idx, _empty((V, C), float32, grad.device), False
