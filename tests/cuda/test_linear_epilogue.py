@@ -15,7 +15,7 @@ from engine.backends import cuda as gpu
 from engine._native import native as _C
 from engine.backends.cuda import _CODE
 from engine.backends.cuda.elementwise import gelu_backward
-from engine.backends.cuda.matmul import _dx_through_gelu
+from engine.backends.cuda.matmul import _EPI_BGRAD, _EPI_BIAS, _EPI_DGELU, _EPI_GELU_BIAS, _dx_through_gelu
 
 BF = engine.bfloat16
 rng = np.random.default_rng(0)
@@ -207,3 +207,64 @@ def test_mlp_op_matches_two_linears(bias):
         assert all(t.grad.dtype is engine.float32 for t in (w1, w2))
     for i, (got, want) in enumerate(zip(*res)):
         assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max(), i
+
+
+# (epilogue, M, N, K) for the autotuning tests: new shapes (a plan's first call is the one that tunes),
+# large enough that cuBLASLt offers several algorithms
+_TUNED = [(_EPI_BIAS, 1024, 512, 384), (_EPI_GELU_BIAS, 1000, 520, 392), (_EPI_BGRAD, 392, 520, 1000),
+          (_EPI_DGELU, 1016, 528, 400)]
+
+
+@pytest.mark.parametrize("epilogue,M,N,K", _TUNED)
+def test_autotuned_plan_writes_what_its_later_calls_do(epilogue, M, N, K):
+    """A plan's first call times each of cuBLASLt's candidate algorithms on the call's own operands
+    (ENGINE_MATMUL_AUTOTUNE, epilogue plans by default) before running the fastest: c, the bias
+    gradient (BGRAD) and the pre-activation (GELU_BIAS) it leaves are bit for bit what the same call
+    writes again, and within bf16 rounding of the unfused ops (test_dgelu_epilogue_matches_gelu_backward
+    and the tests above)."""
+    r = np.random.default_rng(epilogue)
+
+    def dev(*shape, fill=None):
+        x = np.full(shape, fill, np.float32) if fill is not None else r.standard_normal(shape).astype(np.float32)
+        return gpu.astype(gpu.from_numpy(x), BF)
+
+    bgrad, dgelu = epilogue == _EPI_BGRAD, epilogue == _EPI_DGELU
+    if bgrad:  # c (M, N) = a^T b, a (K, M), b (K, N); the bias gradient (M,) the row sums of a^T, written
+        a, b, ta, tb = dev(K, M), dev(K, N), True, False
+    else:  # c (M, N) = a (M, K) b^T with b (N, K); DGELU: a (M, K) b with b (K, N)
+        a, b, ta, tb = dev(M, K), (dev(K, N) if dgelu else dev(N, K)), False, not dgelu
+    bias = None if bgrad else dev(N)
+    aux = dev(M, N) if epilogue in (_EPI_GELU_BIAS, _EPI_DGELU) else None  # written by GELU_BIAS, read by DGELU
+
+    def call():
+        c, db = dev(M, N, fill=np.nan), dev(M, fill=np.nan)
+        assert _C.matmul_epilogue(0, _CODE[BF], epilogue, c.ptr, a.ptr, b.ptr, M, N, K, ta, tb,
+                                  db.ptr if bgrad else bias.ptr, aux.ptr if aux is not None else 0)
+        return [_f32(c)] + ([_f32(db)] if bgrad else [_f32(aux)] if epilogue == _EPI_GELU_BIAS else [])
+
+    first, second = call(), call()
+    for x, y in zip(first, second):
+        assert np.isfinite(x).all()
+        np.testing.assert_array_equal(x, y)
+
+
+def test_autotune_log_names_each_tuned_plan():
+    """ENGINE_MATMUL_AUTOTUNE_LOG=1 prints a tuned plan's shape and timings; ENGINE_MATMUL_AUTOTUNE=0
+    tunes nothing (the heuristic's first choice), so prints nothing."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import numpy as np, engine; from engine.backends import cuda as gpu; "
+              "from engine.backends.cuda.matmul import _dx_through_gelu; BF = engine.bfloat16; "
+              "d = lambda *s: gpu.astype(gpu.from_numpy(np.ones(s, np.float32)), BF); "
+              "_dx_through_gelu(d(2048, 768), d(768, 3072), d(2048, 3072)); gpu.synchronize()")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    logs = {}
+    for mode in ("epilogue", "0"):
+        env = dict(os.environ, ENGINE_MATMUL_AUTOTUNE=mode, ENGINE_MATMUL_AUTOTUNE_LOG="1", PYTHONPATH=root)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        logs[mode] = out.stderr
+    assert "engine matmul autotune M=2048 N=3072 K=768" in logs["epilogue"] and "epilogue=5" in logs["epilogue"]
+    assert "autotune" not in logs["0"]

@@ -56,13 +56,9 @@ void backward_typed(int device, void* dq, void* dk, void* dv, const void* dout, 
     const int P = B * (T_ / 16), C = H * D;
     float* qparts = dbias ? (float*)device_alloc(sizeof(float) * 2 * P * C, device, &parts_block) : nullptr;
     float* vparts = dbias ? qparts + (int64_t)P * C : nullptr;
-    const unsigned prep_blocks = (unsigned)ceil_div(rows, 16);
-    if (dbias)
-        attention_backward_prep_kernel<T, true><<<prep_blocks, 256, 0, st>>>(delta, dq_acc, vparts, (const T*)dout,
-                                                                            (const T*)o, lo, H, T_, D, rows);
-    else
-        attention_backward_prep_kernel<T, false><<<prep_blocks, 256, 0, st>>>(delta, dq_acc, nullptr, (const T*)dout,
-                                                                             (const T*)o, lo, H, T_, D, rows);
+    const unsigned prep_blocks = (unsigned)ceil_div(rows, 16), prep_block = prep_threads(D);
+    auto prep = dbias ? attention_backward_prep_kernel<T, true> : attention_backward_prep_kernel<T, false>;
+    prep<<<prep_blocks, prep_block, 0, st>>>(delta, dq_acc, vparts, (const T*)dout, (const T*)o, lo, H, T_, D, rows);
     bool done = false;
     if constexpr (std::is_same_v<T, __nv_bfloat16> && !DROPOUT)  // the fast paths: wgmma, then mma.sync
         done = attention_backward_wgmma(device, st, dk, dv, dq_acc, dout, q, k, v, lse, delta, lq, lk, lv, lo, B, H,
@@ -79,7 +75,8 @@ void backward_typed(int device, void* dq, void* dk, void* dv, const void* dout, 
                                               rule, key);
     }
     if (dbias) {
-        attention_dq_bias_kernel<T><<<prep_blocks, 256, 0, st>>>((T*)dq, qparts, dq_acc, lq, H, T_, D, scale, rows);
+        attention_dq_bias_kernel<T>
+            <<<prep_blocks, prep_block, 0, st>>>((T*)dq, qparts, dq_acc, lq, H, T_, D, scale, rows);
         attention_bias_grad_kernel<<<dim3((unsigned)ceil_div(C, 32), 3), dim3(32, 32), 0, st>>>(dbias, qparts, vparts,
                                                                                                P, C);
         device_free(qparts, parts_block, device);

@@ -272,19 +272,31 @@ __device__ __forceinline__ void store8(__nv_bfloat16* p, const float (&f)[8]) {
     *reinterpret_cast<uint4*>(p) = u;
 }
 
-// The column sums of a block's 16 rows, a half-warp a row and 8 columns a lane (f: the lane's
-// values, 0 where it has none), the rows being one head's (Tq % 16 == 0): written to parts, (B * Tq/16,
-// H * D) float32, at row b * Tq/16 + t/16 and columns h * D + 0..D-1 for the block's first row (bh, t).
-// Partial sums of the packed projection's bias gradient, added up by attention_bias_grad_kernel.
+// The prep and dq passes' layout: a block is 16 rows of L lanes, L = blockDim.x / 16 the least power of
+// two with 8 L >= D (prep_threads), lane 0..L-1 of a row owning its 8 consecutive elements 8 lane .. (none
+// past D), so that no lane idles at head dims 16, 32, 64 and 128. The row and column of this thread:
+inline unsigned prep_threads(int D) {
+    unsigned lanes = 1;
+    while (8 * lanes < (unsigned)D) lanes <<= 1;
+    return 16 * lanes;
+}
+__device__ __forceinline__ int prep_lanes_log2() { return __ffs(blockDim.x >> 4) - 1; }
+__device__ __forceinline__ int64_t prep_row() { return (int64_t)blockIdx.x * 16 + (threadIdx.x >> prep_lanes_log2()); }
+__device__ __forceinline__ int prep_col() { return (threadIdx.x & ((blockDim.x >> 4) - 1)) * 8; }
+
+// The column sums of a block's 16 rows (f: this thread's 8 values, 0 where it has none), the rows
+// being one head's (Tq % 16 == 0): written to parts, (B * Tq/16, H * D) float32, at row b * Tq/16 +
+// t/16 and columns h * D + 0..D-1 for the block's first row (bh, t). Partial sums of the packed
+// projection's bias gradient, added up by attention_bias_grad_kernel.
 __device__ __forceinline__ void block_column_sums(float* __restrict__ parts, const float (&f)[8], int64_t first_row,
                                                   int H, int Tq, int D) {
     __shared__ float sums[16][129];
-    const int r = threadIdx.x >> 4, c = (threadIdx.x & 15) * 8;
+    const int r = threadIdx.x >> prep_lanes_log2(), c = prep_col();
     if (c < D)
 #pragma unroll
         for (int i = 0; i < 8; ++i) sums[r][c + i] = f[i];
     __syncthreads();
-    if ((int)threadIdx.x < D) {
+    if ((int)threadIdx.x < D) {  // blockDim.x = 16 L >= 2 D
         float t = 0.f;
 #pragma unroll
         for (int i = 0; i < 16; ++i) t += sums[i][threadIdx.x];
@@ -295,16 +307,16 @@ __device__ __forceinline__ void block_column_sums(float* __restrict__ parts, con
 }
 
 // delta (B*H, T) = rowsum(dout * o), and dQ's float32 accumulator dq_acc (B*H, T, D) zeroed beside
-// it (one pass instead of a memset and a pass). A half-warp per row, each lane 8 consecutive elements
-// (16-byte loads, D % 8 == 0, D <= 128), so a row is read in one coalesced sweep. BIAS: also the
+// it (one pass instead of a memset and a pass). Laid out as block_column_sums says, 8 consecutive
+// elements a lane (16-byte loads, D % 8 == 0, D <= 128), so a row is read in one coalesced sweep. BIAS: also the
 // column sums of dout, the value bias's gradient (block_column_sums into vparts; Tq % 16 == 0).
 template <typename T, bool BIAS>
 __global__ void attention_backward_prep_kernel(float* __restrict__ delta, float* __restrict__ dq_acc,
                                                float* __restrict__ vparts, const T* __restrict__ dout,
                                                const T* __restrict__ o, AttnLayout lo, int H, int Tq, int D,
                                                int64_t rows) {
-    int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4;
-    int c = (threadIdx.x & 15) * 8;
+    const int64_t row = prep_row();
+    const int c = prep_col();
     float s = 0.f;
     float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (row < rows && c < D) {
@@ -319,9 +331,8 @@ __global__ void attention_backward_prep_kernel(float* __restrict__ delta, float*
         float4* acc = reinterpret_cast<float4*>(dq_acc + row * D + c);
         acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
-#pragma unroll
-    for (int m = 8; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
-    if (row < rows && (threadIdx.x & 15) == 0) delta[row] = s;
+    for (int m = blockDim.x >> 5; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);  // L / 2 .. 1
+    if (row < rows && c == 0) delta[row] = s;
     if constexpr (BIAS) block_column_sums(vparts, a, (int64_t)blockIdx.x * 16, H, Tq, D);
 }
 
@@ -344,14 +355,14 @@ __global__ void attention_dq_kernel(T* __restrict__ dq, const float* __restrict_
     }
 }
 
-// The same conversion laid out as the prep kernel (a half-warp a row, 16 rows a block), with the
+// The same conversion laid out as the prep kernel (16 rows a block, block_column_sums), with the
 // column sums of dq, the query bias's gradient (block_column_sums into qparts; Tq % 16 == 0)
 template <typename T>
 __global__ void attention_dq_bias_kernel(T* __restrict__ dq, float* __restrict__ qparts,
                                          const float* __restrict__ dq_acc, AttnLayout lq, int H, int Tq, int D,
                                          float scale, int64_t rows) {
-    int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4;
-    int c = (threadIdx.x & 15) * 8;
+    const int64_t row = prep_row();
+    const int c = prep_col();
     float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (row < rows && c < D) {
         int64_t bh = row / Tq;

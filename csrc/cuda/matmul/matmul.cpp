@@ -8,6 +8,14 @@
 // (descriptors + the heuristic's algorithm) are cached per shape and epilogue, so a training step
 // does no heuristic queries after its first iteration.
 //
+// Autotuning (ENGINE_MATMUL_AUTOTUNE): the heuristic proposes up to kCandidates algorithms; the first
+// call of a plan outside a CUDA-graph capture times each on the call's own operands and keeps the
+// fastest where it beats the heuristic's first choice by more than 2% (so that noise does not pick).
+// `epilogue` (the default) tunes the bf16 and FP8 plans with an epilogue (the heuristic's choice for
+// DGELU at gpt2_124m's MLP is 10% slower than its best), 1 every plan, 0 none. Tuning is timing, so
+// two processes may choose differently and round differently; 0 gives the same algorithms every run.
+// ENGINE_MATMUL_AUTOTUNE_LOG=1 prints each tuned plan's timings.
+//
 // Epilogues fold the Linear layer's bias and GELU into the GEMM (no extra pass over the output):
 // BIAS c = a b + bias; GELU_BIAS c = gelu(a b + bias) with the pre-activation written to aux (the
 // backward's input); BGRAD c = a b and bias = row sums of op(a) (the bias gradient, from the weight
@@ -18,9 +26,12 @@
 // refuses a float32 bias beside a bf16 output, so autocast's float32 master bias is cast for the forward.
 #include <cublasLt.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "copy/copy.h"  // fill
 #include "matmul/matmul.h"
@@ -54,12 +65,29 @@ struct KeyHash {
     }
 };
 
+constexpr int kCandidates = 16;
+
 struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-    cublasLtMatmulAlgo_t algo;
+    std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's proposals, its best guess first
+    cublasLtMatmulAlgo_t algo;                     // the one in use: candidates[0] until tuned
     bool found = false;  // false: cuBLASLt has no algorithm for this epilogue (the caller runs it unfused)
+    bool tuned = false;  // timed, or not to be
+    Key key;             // what it is for (the autotuning log)
 };
+
+// ENGINE_MATMUL_AUTOTUNE: 0 none, 1 every plan, anything else (the default) the plans with an epilogue
+int autotune_mode() {
+    static const int mode = [] {
+        const char* v = std::getenv("ENGINE_MATMUL_AUTOTUNE");
+        if (v == nullptr || *v == 0) return 2;
+        if (std::strcmp(v, "0") == 0) return 0;
+        if (std::strcmp(v, "1") == 0) return 1;
+        return 2;
+    }();
+    return mode;
+}
 
 cublasLtEpilogue_t lt_epilogue(int e) {
     switch (e) {
@@ -118,6 +146,7 @@ bool is_fp8(int dtype) { return dtype == kE4M3 || dtype == kE5M2; }
 
 Plan make_plan(DeviceLt& d, const Key& k) {
     Plan p;
+    p.key = k;
     bool f64 = k.dtype == F64;
     // bf16: bf16 operands, float32 accumulation and scaling, a bf16 or float32 result
     // FP8: a and b of their own FP8 types (dtype, dtype_b), float32 accumulation, a bf16 result
@@ -173,17 +202,23 @@ Plan make_plan(DeviceLt& d, const Key& k) {
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
-    cublasLtMatmulHeuristicResult_t result;
+    cublasLtMatmulHeuristicResult_t results[kCandidates];
     int found = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(d.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &result, &found);
+    const int mode = autotune_mode();
+    const bool tune = mode == 1 || (mode == 2 && k.epilogue != EPI_NONE && (k.dtype == BF16 || fp8));
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(d.handle, p.op, p.la, p.lb, p.lc, p.lc, pref,
+                                                      tune ? kCandidates : 1, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if ((fp8 || k.epilogue != EPI_NONE) && (s != CUBLAS_STATUS_SUCCESS || found == 0)) return p;  // the caller's fallback
     check_lt(s, "heuristic");
     if (found == 0)
         throw CudaError("engine op 'matmul': cuBLASLt found no algorithm for M=" + std::to_string(k.M) +
                         " N=" + std::to_string(k.N) + " K=" + std::to_string(k.K) + " batch=" + std::to_string(k.batch));
-    p.algo = result.algo;
+    for (int i = 0; i < found; ++i)
+        if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
+    p.algo = p.candidates.empty() ? results[0].algo : p.candidates[0];
     p.found = true;
+    p.tuned = p.candidates.size() < 2;
     return p;
 }
 
@@ -195,7 +230,7 @@ bool allow_tf32() { return g_allow_tf32; }
 namespace {
 
 // the cached plan for one call (creating it on first use); the caller holds g_mutex
-const Plan& plan_for(DeviceLt& d, int dtype, int out_dtype, int epilogue, void* c, const void* a, const void* b,
+Plan& plan_for(DeviceLt& d, int dtype, int out_dtype, int epilogue, void* c, const void* a, const void* b,
                      int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
                      int64_t stride_b, int64_t stride_c, int dtype_b = 0, bool fast_accum = false) {
     Key k;
@@ -223,14 +258,75 @@ const Plan& plan_for(DeviceLt& d, int dtype, int out_dtype, int epilogue, void* 
     return it->second;
 }
 
-void run_plan(DeviceLt& d, const Plan& p, int device, int dtype, void* c, const void* a, const void* b) {
+cublasStatus_t launch(DeviceLt& d, const Plan& p, const cublasLtMatmulAlgo_t& algo, int dtype, void* c,
+                      const void* a, const void* b, cudaStream_t st) {
     double one64 = 1.0, zero64 = 0.0;
     float one32 = 1.f, zero32 = 0.f;
     const void* alpha = dtype == F64 ? (const void*)&one64 : (const void*)&one32;
     const void* beta = dtype == F64 ? (const void*)&zero64 : (const void*)&zero32;
-    check_lt(cublasLtMatmul(d.handle, p.op, alpha, b, p.la, a, p.lb, beta, c, p.lc, c, p.lc, &p.algo, d.workspace,
-                            d.workspace_bytes, stream(device)),
-             "matmul");
+    return cublasLtMatmul(d.handle, p.op, alpha, b, p.la, a, p.lb, beta, c, p.lc, c, p.lc, &algo, d.workspace,
+                          d.workspace_bytes, st);
+}
+
+int algo_id(const cublasLtMatmulAlgo_t& algo) {
+    int id = -1;
+    std::size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &written);
+    return id;
+}
+
+// Time every candidate on this call's operands and keep the fastest (if 2% faster than the
+// heuristic's first choice; the header comment says why). beta is 0, so c and an
+// epilogue's bias / aux output are only written (never read), and the real call that follows writes
+// them again.
+void tune(DeviceLt& d, Plan& p, int dtype, void* c, const void* a, const void* b, cudaStream_t st) {
+    static const bool log = [] {
+        const char* v = std::getenv("ENGINE_MATMUL_AUTOTUNE_LOG");
+        return v != nullptr && v[0] == '1';
+    }();
+    const Key& k = p.key;
+    cudaEvent_t start, stop;
+    check(cudaEventCreate(&start), "matmul autotune");
+    check(cudaEventCreate(&stop), "matmul autotune");
+    constexpr int reps = 5;
+    float best = -1.f, first = -1.f;
+    std::size_t best_i = 0;
+    for (std::size_t i = 0; i < p.candidates.size(); ++i) {
+        if (launch(d, p, p.candidates[i], dtype, c, a, b, st) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up
+        check(cudaEventRecord(start, st), "matmul autotune");
+        for (int r = 0; r < reps; ++r) launch(d, p, p.candidates[i], dtype, c, a, b, st);
+        check(cudaEventRecord(stop, st), "matmul autotune");
+        check(cudaEventSynchronize(stop), "matmul autotune");
+        float ms = 0.f;
+        check(cudaEventElapsedTime(&ms, start, stop), "matmul autotune");
+        if (i == 0) first = ms;
+        if (best < 0.f || ms < best) best = ms, best_i = i;
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    check_launch("matmul autotune");
+    const bool faster = best >= 0.f && (first < 0.f || best < 0.98f * first);
+    if (faster) p.algo = p.candidates[best_i];
+    if (log)
+        std::fprintf(stderr,
+                     "engine matmul autotune M=%lld N=%lld K=%lld ta=%d tb=%d epilogue=%d dtype=%d: heuristic's "
+                     "choice %.1f us (algo %d), fastest %.1f us (candidate %zu of %zu, algo %d): using candidate %zu\n",
+                     (long long)k.M, (long long)k.N, (long long)k.K, k.ta, k.tb, k.epilogue, k.dtype,
+                     1000.f * first / reps, algo_id(p.candidates[0]), 1000.f * best / reps, best_i,
+                     p.candidates.size(), algo_id(p.candidates[best_i]), faster ? best_i : 0);
+}
+
+void run_plan(DeviceLt& d, Plan& p, int device, int dtype, void* c, const void* a, const void* b) {
+    cudaStream_t st = stream(device);
+    if (!p.tuned) {
+        cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+        check(cudaStreamIsCapturing(st, &capturing), "matmul");
+        if (capturing == cudaStreamCaptureStatusNone) {  // a graph being captured keeps the current choice
+            tune(d, p, dtype, c, a, b, st);
+            p.tuned = true;
+        }
+    }
+    check_lt(launch(d, p, p.algo, dtype, c, a, b, st), "matmul");
     check_launch("matmul");
 }
 
@@ -268,7 +364,7 @@ void matmul(int device, int dtype, void* c, const void* a, const void* b, int64_
     }
     std::lock_guard<std::mutex> lock(g_mutex);
     DeviceLt& d = lt(device);
-    const Plan& p = plan_for(d, dtype, out_dtype, EPI_NONE, c, a, b, batch, M, N, K, trans_a, trans_b, stride_a,
+    Plan& p = plan_for(d, dtype, out_dtype, EPI_NONE, c, a, b, batch, M, N, K, trans_a, trans_b, stride_a,
                              stride_b, stride_c);
     run_plan(d, p, device, dtype, c, a, b);
 }
@@ -284,7 +380,7 @@ bool matmul_epilogue(int device, int dtype, int epilogue, void* c, const void* a
     use_device(device);
     std::lock_guard<std::mutex> lock(g_mutex);
     DeviceLt& d = lt(device);
-    const Plan& p = plan_for(d, dtype, out_dtype, epilogue, c, a, b, 1, M, N, K, trans_a, trans_b, 0, 0, 0);
+    Plan& p = plan_for(d, dtype, out_dtype, epilogue, c, a, b, 1, M, N, K, trans_a, trans_b, 0, 0, 0);
     if (!p.found) return false;
     set_epilogue_pointers(p, epilogue, bias, aux);
     run_plan(d, p, device, dtype, c, a, b);
@@ -314,7 +410,7 @@ bool matmul_fp8(int device, int epilogue, void* c, const void* a, const void* b,
     std::lock_guard<std::mutex> lock(g_mutex);
     DeviceLt& d = lt(device);
     // both operands K-major (Hopper's FP8 GEMM takes no other layout): a (M, K), b (N, K) transposed
-    const Plan& p = plan_for(d, ta, out_dtype, epilogue, c, a, b, 1, M, N, K, false, true, 0, 0, 0, tb, fast_accum);
+    Plan& p = plan_for(d, ta, out_dtype, epilogue, c, a, b, 1, M, N, K, false, true, 0, 0, 0, tb, fast_accum);
     if (!p.found) return false;
     // cuBLAS's A is our b (the header comment), so its A scale is b's
     check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_inv_scale,
