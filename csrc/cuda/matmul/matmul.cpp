@@ -231,8 +231,8 @@ namespace {
 
 // the cached plan for one call (creating it on first use); the caller holds g_mutex
 Plan& plan_for(DeviceLt& d, int dtype, int out_dtype, int epilogue, void* c, const void* a, const void* b,
-                     int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
-                     int64_t stride_b, int64_t stride_c, int dtype_b = 0, bool fast_accum = false) {
+               int64_t batch, int64_t M, int64_t N, int64_t K, bool trans_a, bool trans_b, int64_t stride_a,
+               int64_t stride_b, int64_t stride_c, int dtype_b = 0, bool fast_accum = false) {
     Key k;
     std::memset(&k, 0, sizeof(k));
     k.dtype_b = dtype_b;
@@ -275,10 +275,9 @@ int algo_id(const cublasLtMatmulAlgo_t& algo) {
     return id;
 }
 
-// Time every candidate on this call's operands and keep the fastest (if 2% faster than the
-// heuristic's first choice; the header comment says why). beta is 0, so c and an
-// epilogue's bias / aux output are only written (never read), and the real call that follows writes
-// them again.
+// Time every candidate on this call's operands and keep the fastest (if 2% faster than the heuristic's
+// first choice; the header comment says why). beta is 0, so c and an epilogue's bias / aux output are
+// only written (never read), and the real call that follows writes them again.
 void tune(DeviceLt& d, Plan& p, int dtype, void* c, const void* a, const void* b, cudaStream_t st) {
     static const bool log = [] {
         const char* v = std::getenv("ENGINE_MATMUL_AUTOTUNE_LOG");
