@@ -12,7 +12,7 @@
 // call of a plan outside a CUDA-graph capture times each on the call's own operands and keeps the
 // fastest where it beats the heuristic's first choice by more than 2% (so that noise does not pick).
 // `epilogue` (the default) tunes the bf16 and FP8 plans with an epilogue (the heuristic's choice for
-// DGELU at gpt2_124m's MLP is 10% slower than its best), 1 every plan, 0 none. Tuning is timing, so
+// DGELU at gpt2_124m's MLP is 6-10% slower than its best), 1 every plan, 0 none. Tuning is timing, so
 // two processes may choose differently and round differently; 0 gives the same algorithms every run.
 // ENGINE_MATMUL_AUTOTUNE_LOG=1 prints each tuned plan's timings.
 //
