@@ -268,3 +268,19 @@ def test_autotune_log_names_each_tuned_plan():
         logs[mode] = out.stderr
     assert "engine matmul autotune M=2048 N=3072 K=768" in logs["epilogue"] and "epilogue=5" in logs["epilogue"]
     assert "autotune" not in logs["0"]
+
+
+def test_autotune_rejects_an_unknown_setting():
+    """A value other than 0, 1 or epilogue (a user's guess such as "off") is an error naming the choices,
+    raised by the first matmul, never a silent fallback to the default."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import numpy as np, engine; from engine.backends import cuda as gpu; "
+              "a = gpu.from_numpy(np.ones((64, 64), np.float32)); gpu.matmul(a, a); gpu.synchronize()")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, ENGINE_MATMUL_AUTOTUNE="off", PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "ValueError: ENGINE_MATMUL_AUTOTUNE='off' is not a setting: use 0" in out.stderr, out.stderr

@@ -30,6 +30,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -77,14 +79,17 @@ struct Plan {
     Key key;             // what it is for (the autotuning log)
 };
 
-// ENGINE_MATMUL_AUTOTUNE: 0 none, 1 every plan, anything else (the default) the plans with an epilogue
+// ENGINE_MATMUL_AUTOTUNE: 0 none, 1 every plan, epilogue (the default, also when unset or empty) the
+// plans with an epilogue. Any other value is an error, raised by the first matmul.
 int autotune_mode() {
     static const int mode = [] {
         const char* v = std::getenv("ENGINE_MATMUL_AUTOTUNE");
-        if (v == nullptr || *v == 0) return 2;
+        if (v == nullptr || *v == 0 || std::strcmp(v, "epilogue") == 0) return 2;
         if (std::strcmp(v, "0") == 0) return 0;
         if (std::strcmp(v, "1") == 0) return 1;
-        return 2;
+        throw std::invalid_argument(std::string("ENGINE_MATMUL_AUTOTUNE='") + v +
+                                    "' is not a setting: use 0 (tune no plan), 1 (every plan) or epilogue "
+                                    "(the plans with an epilogue; the default)");
     }();
     return mode;
 }
@@ -145,6 +150,7 @@ cudaDataType_t lt_type(int dtype) {
 bool is_fp8(int dtype) { return dtype == kE4M3 || dtype == kE5M2; }
 
 Plan make_plan(DeviceLt& d, const Key& k) {
+    const int mode = autotune_mode();  // first: an unknown setting throws before anything is created
     Plan p;
     p.key = k;
     bool f64 = k.dtype == F64;
@@ -204,7 +210,6 @@ Plan make_plan(DeviceLt& d, const Key& k) {
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
     cublasLtMatmulHeuristicResult_t results[kCandidates];
     int found = 0;
-    const int mode = autotune_mode();
     const bool tune = mode == 1 || (mode == 2 && k.epilogue != EPI_NONE && (k.dtype == BF16 || fp8));
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(d.handle, p.op, p.la, p.lb, p.lc, p.lc, pref,
                                                       tune ? kCandidates : 1, results, &found);
