@@ -274,18 +274,65 @@ def test_memset_nodes_run_as_kernel_nodes():
     np.testing.assert_array_equal(gpu.to_numpy(z), 2 * want)
 
 
+def _bf16(rng, *shape):
+    from engine.backends import cuda as gpu
+    return gpu.astype(gpu.from_numpy(rng.standard_normal(shape).astype(np.float32)), engine.bfloat16)
+
+
 def test_captured_gemms_replay_bit_for_bit():
-    """GPT-2's projection shapes in bf16: the replay's products are the eager ones, bit for bit (on
-    Hopper cuBLASLt picks coop kernels here, each after a workspace memset, which the graph runs as a
-    kernel node)."""
+    """GPT-2's projection shapes in bf16: every replay's products are the eager ones of that replay's
+    inputs, bit for bit. On Hopper cuBLASLt picks coop kernels here, each zeroing a counter in its
+    workspace first: in a capture each GEMM has a workspace of its own, and the graph's first node does
+    all the zeroing (memsets_hoisted), so no memset node is left (memsets_replaced == 0). A counter not
+    zeroed before a replay would hang that replay or garble its products."""
+    from engine._native import native
     from engine.backends import cuda as gpu
     rng = np.random.default_rng(0)
     shapes = [(4096, 768, 2304), (4096, 3072, 768), (4096, 768, 3072)]
-    ins = [(gpu.astype(gpu.from_numpy(rng.standard_normal((m, k)).astype(np.float32)), engine.bfloat16),
-            gpu.astype(gpu.from_numpy(rng.standard_normal((n, k)).astype(np.float32)), engine.bfloat16))
-           for m, k, n in shapes]
-    eager = [gpu.to_numpy(gpu.astype(gpu.matmul(a, b, transpose_b=True), engine.float32)) for a, b in ins]
+    ins = [(_bf16(rng, m, k), _bf16(rng, n, k)) for m, k, n in shapes]
     graph, outs = _captured(lambda: [gpu.matmul(a, b, transpose_b=True) for a, b in ins])
-    graph.replay()
-    for got, want in zip(outs, eager):
-        np.testing.assert_array_equal(gpu.to_numpy(gpu.astype(got, engine.float32)), want)
+    assert graph.memsets_replaced == 0
+    if engine.cuda.get_device_capability() == (9, 0):
+        assert graph.memsets_hoisted >= 1
+    for _ in range(4):  # new operands in place, then a replay
+        for (a, b), (m, k, n) in zip(ins, shapes):
+            for x, new in ((a, _bf16(rng, m, k)), (b, _bf16(rng, n, k))):
+                native.copy_device(x.ptr, new.ptr, 2 * new.size, 0)
+        eager = [gpu.to_numpy(gpu.astype(gpu.matmul(a, b, transpose_b=True), engine.float32)) for a, b in ins]
+        graph.replay()
+        for got, want in zip(outs, eager):
+            np.testing.assert_array_equal(gpu.to_numpy(gpu.astype(got, engine.float32)), want)
+
+
+def test_graphs_hold_their_gemm_workspaces_apart():
+    """Two graphs alive together each zero their own GEMMs' workspaces and replay interleaved, bit for
+    bit; a graph captured after one is destroyed reuses its workspaces and replays correctly too; an
+    aborted capture gives back what it took."""
+    from engine.backends import cuda as gpu
+    rng = np.random.default_rng(1)
+    a, b = _bf16(rng, 4096, 768), _bf16(rng, 3072, 768)
+    c, d = _bf16(rng, 4096, 3072), _bf16(rng, 768, 3072)
+    want_ab = gpu.to_numpy(gpu.astype(gpu.matmul(a, b, transpose_b=True), engine.float32))
+    want_cd = gpu.to_numpy(gpu.astype(gpu.matmul(c, d, transpose_b=True), engine.float32))
+    g1, out1 = _captured(lambda: gpu.matmul(a, b, transpose_b=True))
+    g2, out2 = _captured(lambda: gpu.matmul(c, d, transpose_b=True))
+    for _ in range(3):
+        g1.replay()
+        g2.replay()
+    np.testing.assert_array_equal(gpu.to_numpy(gpu.astype(out1, engine.float32)), want_ab)
+    np.testing.assert_array_equal(gpu.to_numpy(gpu.astype(out2, engine.float32)), want_cd)
+
+    def fail():
+        gpu.matmul(a, b, transpose_b=True)
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        _captured(fail)
+    del g1, out1
+    g3, out3 = _captured(lambda: [gpu.matmul(a, b, transpose_b=True), gpu.matmul(a, b, transpose_b=True)])
+    for _ in range(3):
+        g3.replay()
+        g2.replay()
+    for o in out3:
+        np.testing.assert_array_equal(gpu.to_numpy(gpu.astype(o, engine.float32)), want_ab)
+    np.testing.assert_array_equal(gpu.to_numpy(gpu.astype(out2, engine.float32)), want_cd)

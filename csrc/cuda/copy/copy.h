@@ -36,6 +36,19 @@ struct MemsetKernel {
     void* args[6];
     cudaKernelNodeParams params;
 };
+// Memset nodes of a captured graph (those of its GEMMs' own workspaces, runtime/graph.cpp) done by one
+// kernel node, a block row per memset: `params` points into this object, and its device table must
+// outlive the graph's executable.
+struct MemsetsKernel {
+    static constexpr std::size_t kMaxRegions = 65535;  // gridDim.y
+    explicit MemsetsKernel(const std::vector<cudaMemsetParams>& m);
+    ~MemsetsKernel();
+    MemsetsKernel(const MemsetsKernel&) = delete;
+    MemsetsKernel& operator=(const MemsetsKernel&) = delete;
+    void* table = nullptr;  // MemsetRegion[count] on the device (fill.cu)
+    void* args[1];
+    cudaKernelNodeParams params;
+};
 void arange(int device, int dtype, void* out, double start, double step, int64_t n);
 
 }  // namespace engine

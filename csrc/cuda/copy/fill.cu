@@ -23,12 +23,12 @@ __global__ void arange_kernel(T* __restrict__ out, double start, double step, in
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = (T)(start + step * (double)i);
 }
 
-// a graph's memset node as a kernel: `height` rows `pitch` bytes apart, each `width` elements of
-// `elsize` bytes (1, 2 or 4) set to the low bytes of `value`
-__global__ void memset_rows_kernel(char* __restrict__ dst, size_t pitch, unsigned value, unsigned elsize, size_t width,
-                                   size_t height) {
-    const size_t n = width * height, stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+// `height` rows `pitch` bytes apart, each `width` elements of `elsize` bytes (1, 2 or 4) set to the
+// low bytes of `value`: element i of them for i = first, first + stride, ...
+__device__ __forceinline__ void memset_rows(char* __restrict__ dst, size_t pitch, unsigned value, unsigned elsize,
+                                            size_t width, size_t height, size_t first, size_t stride) {
+    const size_t n = width * height;
+    for (size_t i = first; i < n; i += stride) {
         char* p = dst + (i / width) * pitch + (i % width) * elsize;
         if (elsize == 4)
             *reinterpret_cast<unsigned*>(p) = value;
@@ -37,6 +37,26 @@ __global__ void memset_rows_kernel(char* __restrict__ dst, size_t pitch, unsigne
         else
             *p = (char)value;
     }
+}
+
+// a graph's memset node as a kernel
+__global__ void memset_rows_kernel(char* __restrict__ dst, size_t pitch, unsigned value, unsigned elsize, size_t width,
+                                   size_t height) {
+    memset_rows(dst, pitch, value, elsize, width, height, (size_t)blockIdx.x * blockDim.x + threadIdx.x,
+                (size_t)gridDim.x * blockDim.x);
+}
+
+struct MemsetRegion {
+    char* dst;
+    size_t pitch, width, height;
+    unsigned value, elsize;
+};
+
+// many memset nodes as one kernel: region blockIdx.y by the blocks of row y of the grid
+__global__ void memset_regions_kernel(const MemsetRegion* __restrict__ regions) {
+    const MemsetRegion r = regions[blockIdx.y];
+    memset_rows(r.dst, r.pitch, r.value, r.elsize, r.width, r.height, (size_t)blockIdx.x * blockDim.x + threadIdx.x,
+                (size_t)gridDim.x * blockDim.x);
 }
 
 }  // namespace
@@ -51,6 +71,27 @@ MemsetKernel::MemsetKernel(const cudaMemsetParams& m)
     params.kernelParams = args;
     params.extra = nullptr;
 }
+
+MemsetsKernel::MemsetsKernel(const std::vector<cudaMemsetParams>& m) {
+    std::vector<MemsetRegion> regions;
+    size_t most = 1;
+    for (const cudaMemsetParams& p : m) {
+        regions.push_back({(char*)p.dst, p.height > 1 ? p.pitch : 0, p.width, p.height, p.value, p.elementSize});
+        most = std::max(most, p.width * p.height);
+    }
+    const size_t bytes = regions.size() * sizeof(MemsetRegion);
+    check(cudaMalloc(&table, bytes), "graph memsets table");
+    check(cudaMemcpy(table, regions.data(), bytes, cudaMemcpyHostToDevice), "graph memsets table");
+    args[0] = &table;
+    params.func = (void*)memset_regions_kernel;
+    params.blockDim = dim3(kThreads);
+    params.gridDim = dim3(std::min(1024u, std::max(1u, blocks_for((int64_t)most, kThreads))), (unsigned)regions.size());
+    params.sharedMemBytes = 0;
+    params.kernelParams = args;
+    params.extra = nullptr;
+}
+
+MemsetsKernel::~MemsetsKernel() { cudaFree(table); }
 
 void fill(int device, int dtype, void* out, double v, int64_t n) {
     if (n == 0) return;

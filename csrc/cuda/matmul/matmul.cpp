@@ -37,6 +37,7 @@
 
 #include "copy/copy.h"  // fill
 #include "matmul/matmul.h"
+#include "runtime/graph.h"  // capture_scratch
 
 namespace engine {
 namespace {
@@ -73,7 +74,9 @@ struct Plan {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
     std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's proposals, its best guess first
+    std::vector<std::size_t> candidate_workspace;  // the workspace bytes each needs
     cublasLtMatmulAlgo_t algo;                     // the one in use: candidates[0] until tuned
+    std::size_t workspace = 0;                     // the bytes of workspace `algo` needs
     bool found = false;  // false: cuBLASLt has no algorithm for this epilogue (the caller runs it unfused)
     bool tuned = false;  // timed, or not to be
     Key key;             // what it is for (the autotuning log)
@@ -220,8 +223,12 @@ Plan make_plan(DeviceLt& d, const Key& k) {
         throw CudaError("engine op 'matmul': cuBLASLt found no algorithm for M=" + std::to_string(k.M) +
                         " N=" + std::to_string(k.N) + " K=" + std::to_string(k.K) + " batch=" + std::to_string(k.batch));
     for (int i = 0; i < found; ++i)
-        if (results[i].state == CUBLAS_STATUS_SUCCESS) p.candidates.push_back(results[i].algo);
+        if (results[i].state == CUBLAS_STATUS_SUCCESS) {
+            p.candidates.push_back(results[i].algo);
+            p.candidate_workspace.push_back(results[i].workspaceSize);
+        }
     p.algo = p.candidates.empty() ? results[0].algo : p.candidates[0];
+    p.workspace = p.candidates.empty() ? results[0].workspaceSize : p.candidate_workspace[0];
     p.found = true;
     p.tuned = p.candidates.size() < 2;
     return p;
@@ -263,14 +270,15 @@ Plan& plan_for(DeviceLt& d, int dtype, int out_dtype, int epilogue, void* c, con
     return it->second;
 }
 
+// one cuBLASLt call with `algo` on `workspace` (workspace_bytes of it)
 cublasStatus_t launch(DeviceLt& d, const Plan& p, const cublasLtMatmulAlgo_t& algo, int dtype, void* c,
-                      const void* a, const void* b, cudaStream_t st) {
+                      const void* a, const void* b, cudaStream_t st, void* workspace, std::size_t workspace_bytes) {
     double one64 = 1.0, zero64 = 0.0;
     float one32 = 1.f, zero32 = 0.f;
     const void* alpha = dtype == F64 ? (const void*)&one64 : (const void*)&one32;
     const void* beta = dtype == F64 ? (const void*)&zero64 : (const void*)&zero32;
-    return cublasLtMatmul(d.handle, p.op, alpha, b, p.la, a, p.lb, beta, c, p.lc, c, p.lc, &algo, d.workspace,
-                          d.workspace_bytes, st);
+    return cublasLtMatmul(d.handle, p.op, alpha, b, p.la, a, p.lb, beta, c, p.lc, c, p.lc, &algo, workspace,
+                          workspace_bytes, st);
 }
 
 int algo_id(const cublasLtMatmulAlgo_t& algo) {
@@ -296,9 +304,10 @@ void tune(DeviceLt& d, Plan& p, int dtype, void* c, const void* a, const void* b
     float best = -1.f, first = -1.f;
     std::size_t best_i = 0;
     for (std::size_t i = 0; i < p.candidates.size(); ++i) {
-        if (launch(d, p, p.candidates[i], dtype, c, a, b, st) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up
+        if (launch(d, p, p.candidates[i], dtype, c, a, b, st, d.workspace, d.workspace_bytes) != CUBLAS_STATUS_SUCCESS)
+            continue;  // warm-up
         check(cudaEventRecord(start, st), "matmul autotune");
-        for (int r = 0; r < reps; ++r) launch(d, p, p.candidates[i], dtype, c, a, b, st);
+        for (int r = 0; r < reps; ++r) launch(d, p, p.candidates[i], dtype, c, a, b, st, d.workspace, d.workspace_bytes);
         check(cudaEventRecord(stop, st), "matmul autotune");
         check(cudaEventSynchronize(stop), "matmul autotune");
         float ms = 0.f;
@@ -310,7 +319,7 @@ void tune(DeviceLt& d, Plan& p, int dtype, void* c, const void* a, const void* b
     cudaEventDestroy(stop);
     check_launch("matmul autotune");
     const bool faster = best >= 0.f && (first < 0.f || best < 0.98f * first);
-    if (faster) p.algo = p.candidates[best_i];
+    if (faster) p.algo = p.candidates[best_i], p.workspace = p.candidate_workspace[best_i];
     if (log)
         std::fprintf(stderr,
                      "engine matmul autotune M=%lld N=%lld K=%lld ta=%d tb=%d epilogue=%d dtype=%d: heuristic's "
@@ -320,17 +329,25 @@ void tune(DeviceLt& d, Plan& p, int dtype, void* c, const void* a, const void* b
                      p.candidates.size(), algo_id(p.candidates[best_i]), faster ? best_i : 0);
 }
 
+// Eager calls share the device's workspace. In a graph capture each call gets a workspace of its own
+// (capture_scratch, runtime/graph.h) where one is free: the zeroing cuBLASLt queues before a Hopper
+// "coop" GEMM then touches memory no other node uses, and the graph does all of them in one node at its
+// start instead of one memset node before each GEMM.
 void run_plan(DeviceLt& d, Plan& p, int device, int dtype, void* c, const void* a, const void* b) {
     cudaStream_t st = stream(device);
-    if (!p.tuned) {
-        cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-        check(cudaStreamIsCapturing(st, &capturing), "matmul");
-        if (capturing == cudaStreamCaptureStatusNone) {  // a graph being captured keeps the current choice
-            tune(d, p, dtype, c, a, b, st);
-            p.tuned = true;
-        }
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(st, &capture), "matmul");
+    const bool capturing = capture != cudaStreamCaptureStatusNone;
+    if (!p.tuned && !capturing) {  // a graph being captured keeps the current choice
+        tune(d, p, dtype, c, a, b, st);
+        p.tuned = true;
     }
-    check_lt(launch(d, p, p.algo, dtype, c, a, b, st), "matmul");
+    void* workspace = d.workspace;
+    std::size_t workspace_bytes = d.workspace_bytes;
+    if (capturing && p.workspace > 0) {
+        if (void* own = capture_scratch(device, p.workspace)) workspace = own, workspace_bytes = p.workspace;
+    }
+    check_lt(launch(d, p, p.algo, dtype, c, a, b, st, workspace, workspace_bytes), "matmul");
     check_launch("matmul");
 }
 

@@ -6,10 +6,13 @@
 #include <pybind11/stl.h>
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include "copy/copy.h"      // MemsetKernel
+#include "copy/copy.h"      // MemsetKernel, MemsetsKernel
 #include "random/random.h"  // rng_epoch_advance, the first node of a capture
 
 namespace py = pybind11;
@@ -33,15 +36,52 @@ uint64_t* epoch_buffer(int device) {
 
 std::string where(int device) { return "cuda:" + std::to_string(device); }
 
-// Every memset node of g replaced by a kernel node that sets the same bytes, with the same edges.
-// cuBLASLt queues a memset of its workspace before each Hopper "coop" GEMM; in a replay the GPU idles
-// about 4 us around each memset node (the switch between node kinds), where kernel follows kernel
-// with none. Returns how many were replaced.
-std::size_t memsets_as_kernels(cudaGraph_t g) {
+// the graph capturing on each device (begin() to end() or abort()), for capture_scratch
+CudaGraph* g_capturing[64] = {};
+// capture_scratch's blocks no graph holds, by size, per device (never given back to the driver)
+std::multimap<std::size_t, void*> g_free_scratch[64];
+std::mutex g_scratch_mutex;
+
+std::vector<cudaGraphNode_t> edges(cudaGraphNode_t node, bool dependents) {
+    std::size_t n = 0;
+    auto get = [&](cudaGraphNode_t* out) {
+        return dependents ? cudaGraphNodeGetDependentNodes(node, out, nullptr, &n)
+                          : cudaGraphNodeGetDependencies(node, out, nullptr, &n);
+    };
+    check(get(nullptr), "graph node edges");
+    std::vector<cudaGraphNode_t> out(n);
+    check(get(out.data()), "graph node edges");
+    return out;
+}
+
+void add_edge(cudaGraph_t g, cudaGraphNode_t from, cudaGraphNode_t to) {
+    for (cudaGraphNode_t d : edges(to, false))
+        if (d == from) return;
+    check(cudaGraphAddDependencies(g, &from, &to, nullptr, 1), "graph edge");
+}
+
+bool inside(const cudaMemsetParams& m, const std::vector<std::pair<void*, std::size_t>>& blocks) {
+    const char* first = static_cast<const char*>(m.dst);
+    const char* last = first + (m.height - 1) * m.pitch + m.width * m.elementSize;  // one past the end
+    for (const auto& b : blocks) {
+        const char* lo = static_cast<const char*>(b.first);
+        if (first >= lo && last <= lo + b.second) return true;
+    }
+    return false;
+}
+
+// The memset nodes of g. Those inside `scratch` (captured GEMMs' own workspaces, which no other node
+// touches) are removed, their edges joined through, and done by one kernel node that comes before the
+// graph's first nodes: *table is its device table. The others are replaced by kernel nodes that set the
+// same bytes, with the same edges. -> {replaced, hoisted}
+std::pair<std::size_t, std::size_t> rewrite_memsets(cudaGraph_t g,
+                                                    const std::vector<std::pair<void*, std::size_t>>& scratch,
+                                                    std::shared_ptr<void>* table) {
     std::size_t n = 0;
     check(cudaGraphGetNodes(g, nullptr, &n), "graph nodes");
     std::vector<cudaGraphNode_t> nodes(n);
     check(cudaGraphGetNodes(g, nodes.data(), &n), "graph nodes");
+    std::vector<cudaMemsetParams> hoisted;
     std::size_t replaced = 0;
     for (cudaGraphNode_t node : nodes) {
         cudaGraphNodeType type;
@@ -49,24 +89,71 @@ std::size_t memsets_as_kernels(cudaGraph_t g) {
         if (type != cudaGraphNodeTypeMemset) continue;
         cudaMemsetParams m;
         check(cudaGraphMemsetNodeGetParams(node, &m), "graph memset node");
-        std::size_t nd = 0, nt = 0;
-        check(cudaGraphNodeGetDependencies(node, nullptr, nullptr, &nd), "graph node edges");
-        check(cudaGraphNodeGetDependentNodes(node, nullptr, nullptr, &nt), "graph node edges");
-        std::vector<cudaGraphNode_t> before(nd), after(nt);
-        check(cudaGraphNodeGetDependencies(node, before.data(), nullptr, &nd), "graph node edges");
-        check(cudaGraphNodeGetDependentNodes(node, after.data(), nullptr, &nt), "graph node edges");
+        const std::vector<cudaGraphNode_t> before = edges(node, false), after = edges(node, true);
+        check(cudaGraphDestroyNode(node), "graph memset node");
+        if (inside(m, scratch) && hoisted.size() < MemsetsKernel::kMaxRegions) {
+            hoisted.push_back(m);
+            for (cudaGraphNode_t prev : before)
+                for (cudaGraphNode_t next : after) add_edge(g, prev, next);
+            continue;
+        }
         MemsetKernel k(m);
         cudaGraphNode_t kernel = nullptr;
-        check(cudaGraphAddKernelNode(&kernel, g, before.data(), nd, &k.params), "graph memset as kernel");
-        check(cudaGraphDestroyNode(node), "graph memset as kernel");
-        for (cudaGraphNode_t next : after)
-            check(cudaGraphAddDependencies(g, &kernel, &next, nullptr, 1), "graph memset as kernel");
+        check(cudaGraphAddKernelNode(&kernel, g, before.data(), before.size(), &k.params), "graph memset as kernel");
+        for (cudaGraphNode_t next : after) add_edge(g, kernel, next);
         ++replaced;
     }
-    return replaced;
+    if (!hoisted.empty()) {
+        std::size_t nr = 0;
+        check(cudaGraphGetRootNodes(g, nullptr, &nr), "graph roots");
+        std::vector<cudaGraphNode_t> roots(nr);
+        check(cudaGraphGetRootNodes(g, roots.data(), &nr), "graph roots");
+        auto k = std::make_shared<MemsetsKernel>(hoisted);
+        cudaGraphNode_t first = nullptr;
+        check(cudaGraphAddKernelNode(&first, g, nullptr, 0, &k->params), "graph memsets as one kernel");
+        for (cudaGraphNode_t root : roots) add_edge(g, first, root);
+        *table = k;
+    }
+    return {replaced, hoisted.size()};
 }
 
 }  // namespace
+
+void* capture_scratch(int device, std::size_t bytes) {
+    CudaGraph* graph = g_capturing[device];
+    if (graph == nullptr || bytes == 0) return nullptr;
+    bytes = (bytes + 511) / 512 * 512;
+    std::size_t held = 0;
+    for (const auto& b : graph->scratch_) held += b.second;
+    if (held + bytes > kScratchBudget) return nullptr;
+    std::lock_guard<std::mutex> lock(g_scratch_mutex);
+    auto& free_blocks = g_free_scratch[device];
+    void* p = nullptr;
+    auto it = free_blocks.lower_bound(bytes);
+    if (it != free_blocks.end() && it->first <= 2 * bytes) {
+        bytes = it->first;
+        p = it->second;
+        free_blocks.erase(it);
+    } else {
+        // cudaMalloc is not a stream operation: allowed inside this thread's capture in relaxed mode
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        cudaThreadExchangeStreamCaptureMode(&mode);
+        cudaError_t err = cudaMalloc(&p, bytes);
+        cudaThreadExchangeStreamCaptureMode(&mode);
+        if (err != cudaSuccess) {
+            cudaGetLastError();
+            return nullptr;  // short of memory: the shared workspace will do
+        }
+    }
+    graph->scratch_.emplace_back(p, bytes);
+    return p;
+}
+
+void CudaGraph::release_scratch() {
+    std::lock_guard<std::mutex> lock(g_scratch_mutex);
+    for (const auto& b : scratch_) g_free_scratch[device_].emplace(b.second, b.first);
+    scratch_.clear();
+}
 
 const uint64_t* capture_rng_epoch(int device) {
     if (!capturing(device)) return nullptr;
@@ -89,6 +176,7 @@ CudaGraph::~CudaGraph() {
     }
     if (exec_ != nullptr) cudaGraphExecDestroy(exec_);  // an in-flight launch completes first
     if (graph_ != nullptr) cudaGraphDestroy(graph_);
+    release_scratch();  // a later capture's use of it is queued after this graph's last replay
     cudaGetLastError();
 }
 
@@ -107,6 +195,7 @@ void CudaGraph::begin() {
     }
     set_capturing(device_, true);
     capturing_ = true;
+    g_capturing[device_] = this;
     try {
         rng_epoch_advance(device_, epoch);  // the first node: every replay draws new random numbers
     } catch (...) {
@@ -119,6 +208,7 @@ void CudaGraph::finish_capture(cudaGraph_t* out) {
     cudaGraph_t g = nullptr;
     cudaError_t err = cudaStreamEndCapture(stream(device_), &g);
     set_capturing(device_, false);
+    g_capturing[device_] = nullptr;
     pool_activate(device_, 0);
     capturing_ = false;
     if (out != nullptr && err == cudaSuccess) {
@@ -135,7 +225,8 @@ void CudaGraph::end() {
     use_device(device_);
     finish_capture(&graph_);
     const char* keep = std::getenv("ENGINE_GRAPH_MEMSETS");  // "keep": cuBLASLt's memset nodes as captured
-    if (keep == nullptr || std::string(keep) != "keep") memsets_ = memsets_as_kernels(graph_);
+    if (keep == nullptr || std::string(keep) != "keep")
+        std::tie(memsets_, hoisted_) = rewrite_memsets(graph_, scratch_, &memsets_table_);
     check(cudaGraphInstantiate(&exec_, graph_, 0), "graph instantiate");
     check(cudaGraphUpload(exec_, stream(device_)), "graph upload");
     pool_claim_live(pool_->id);
@@ -145,6 +236,7 @@ void CudaGraph::abort() {
     if (!capturing_) return;
     use_device(device_);
     finish_capture(nullptr);
+    release_scratch();  // nothing recorded will run
 }
 
 void CudaGraph::replay() {
@@ -191,6 +283,7 @@ void bind_graphs(py::module_& m) {
         .def("replay", &CudaGraph::replay, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("num_nodes", &CudaGraph::num_nodes)
         .def_property_readonly("memsets_replaced", &CudaGraph::memsets_replaced)
+        .def_property_readonly("memsets_hoisted", &CudaGraph::memsets_hoisted)
         .def_property_readonly("ready", &CudaGraph::ready)
         .def_property_readonly("device", &CudaGraph::device);
 
