@@ -65,9 +65,10 @@ def add_deferred(x: Tensor, pending: tuple[Tensor, Tensor | None]) -> Tensor:
 # The fused ops whose backward folds a gradient pass into another run from these widths (n_embd):
 # F.projected_self_attention in MultiHeadAttention, F.mlp in MLP. On an H100 (20th session, same run)
 # the two took 0.45 ms off gpt2_124m's step (width 768: 30.07 against 30.52 ms; the attention's part
-# about 0.1, the MLP's 0.33) and added 0.14 ms to shakespeare_char's (384: 4.55 against 4.42; which
-# op, and where between 384 and 768 either starts to pay, not measured: bench/fused_width_sweep.py).
-FUSED_ATTENTION_MIN_WIDTH = 768
+# about 0.1, the MLP's 0.33). At shakespeare_char's shape (width 384; bench/fused_width_sweep.py, 24th
+# session, three rounds) the attention's took 0.04 ms off the step in every round (4.201-4.237 against
+# 4.252-4.264 ms) and the MLP's added 0.05 (4.307-4.312). Between 384 and 768 neither was measured.
+FUSED_ATTENTION_MIN_WIDTH = 384
 FUSED_MLP_MIN_WIDTH = 768
 
 
